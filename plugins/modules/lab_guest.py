@@ -1,0 +1,348 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: chv.fleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: lab_guest
+short_description: Boot or destroy one local systemd-nspawn lab guest
+version_added: 0.1.0
+description:
+  - Unpacks a cached root file system (see M(chv.fleet.lab_image)), boots it
+    with C(systemd-nspawn -b) in cgroups of its own with the unified cgroup
+    hierarchy, gives it a veth and a /30 to the lab host, a per-lab SSH key,
+    its hostname and /etc/hosts, and waits until its sshd accepts connections.
+  - With I(state=absent) stops the guest (orderly poweroff, then SIGKILL) and
+    removes its processes, cgroups, veth, mounts, nspawn propagation
+    directory and root directory; it fails if anything is left.
+  - A guest that does not come up is reported with the tail of its console
+    and removed.
+  - Part of the local test lab (C(chv.fleet.lab_up)); runs on the lab host as root.
+author:
+  - chv.fleet maintainers
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  name:
+    description: Guest (machine and host) name; the host-side veth is C(ve-NAME).
+    type: str
+    required: true
+  lab:
+    description: Lab the guest belongs to (names its cgroups).
+    type: str
+    required: true
+  state:
+    description: Whether the guest should run.
+    type: str
+    choices: [started, absent]
+    default: started
+  lab_dir:
+    description: Directory of the lab's guests and state files.
+    type: path
+    required: true
+  image:
+    description: Image tarball to unpack. Required with I(state=started).
+    type: path
+  address:
+    description: Guest address on its veth (I(prefixlen) bits). Required with I(state=started).
+    type: str
+  host_address:
+    description: Lab host address on the guest's veth, the guest's default gateway.
+    type: str
+  prefixlen:
+    description: Prefix length of the guest link.
+    type: int
+    default: 30
+  authorized_key:
+    description: Public key allowed to log in as root.
+    type: str
+  nameservers:
+    description:
+      - Resolvers written to the guest's /etc/resolv.conf. Empty means no
+        resolver (no lookup stalls; the guest has no route out).
+    type: list
+    elements: str
+    default: []
+  boot_timeout:
+    description: Seconds to wait for sshd.
+    type: int
+    default: 60
+"""
+
+EXAMPLES = r"""
+- name: Boot guest lab1
+  chv.fleet.lab_guest:
+    name: lab1
+    lab: lab
+    lab_dir: /var/lib/chv-fleet-lab/lab
+    image: /root/.cache/chv-fleet/images/bookworm-0123456789abcdef.tar.zst
+    address: 10.99.0.2
+    host_address: 10.99.0.1
+    authorized_key: "{{ lookup('file', '/var/lib/chv-fleet-lab/lab/id_ed25519.pub') }}"
+"""
+
+RETURN = r"""
+pid:
+  description: PID of the guest's systemd-nspawn process.
+  returned: when started
+  type: int
+leader:
+  description: PID of the guest's init as the lab host sees it.
+  returned: when started
+  type: int
+boot_seconds:
+  description: Seconds from spawning nspawn to sshd accepting connections.
+  returned: when booted by this run
+  type: float
+left_behind:
+  description: What removal could not clean up (the module fails when not empty).
+  returned: when state is absent
+  type: list
+  elements: str
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.chv.fleet.plugins.module_utils import lab
+
+
+class Guest(object):
+    def __init__(self, module):
+        self.m = module
+        p = module.params
+        self.name, self.lab = p["name"], p["lab"]
+        self.dir = os.path.join(p["lab_dir"], self.name)
+        self.root = os.path.join(self.dir, "rootfs")
+        self.state_file = os.path.join(self.dir, "guest.json")
+        self.console = os.path.join(p["lab_dir"], self.name + ".console")
+        self.ifname = "ve-" + self.name
+        self.cgroups = lab.guest_cgroups(self.lab, self.name)
+
+    def read_state(self):
+        try:
+            with open(self.state_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def running_pid(self):
+        pid = self.read_state().get("pid")
+        if not pid or not lab.pid_alive(pid):
+            return None
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            return None
+        if argv and argv[0].endswith(b"systemd-nspawn") and self.name.encode() in argv:
+            return pid
+        return None
+
+    def leader(self, pid):
+        try:
+            with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+                kids = f.read().split()
+        except OSError:
+            return None
+        return int(kids[0]) if kids else None
+
+    def remnants(self):
+        left = []
+        pid = self.read_state().get("pid")
+        if pid and lab.pid_alive(pid):
+            left.append("process %d" % pid)
+        for cg in self.cgroups:
+            if os.path.isdir(cg):
+                left.append("cgroup " + cg)
+        if os.path.exists("/sys/class/net/" + self.ifname):
+            left.append("veth " + self.ifname)
+        if os.path.isdir(self.dir):
+            left.extend("mount " + mp for mp in lab.mounts_under(self.dir))
+            left.append("directory " + self.dir)
+        prop = os.path.join(lab.PROPAGATE_DIR, self.name)
+        if os.path.lexists(prop):
+            left.append("propagate " + prop)
+        return left
+
+    def destroy(self):
+        pid = self.read_state().get("pid")
+        if pid:
+            lab.stop_pids([pid])
+        for cg in self.cgroups:
+            lab.stop_pids(sorted(lab.cgroup_pids(cg)), term_timeout=2.0)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(lab.cgroup_pids(cg) for cg in self.cgroups):
+            time.sleep(0.05)
+        for cg in self.cgroups:
+            lab.remove_cgroup_tree(cg)
+        for parent in set(os.path.dirname(cg) for cg in self.cgroups):
+            try:
+                os.rmdir(parent)  # only succeeds when no other lab guest remains
+            except OSError:
+                pass
+        if os.path.exists("/sys/class/net/" + self.ifname):
+            subprocess.call(["ip", "link", "del", self.ifname], stderr=subprocess.DEVNULL)
+        if os.path.isdir(self.dir):
+            for mp in lab.mounts_under(self.dir):
+                subprocess.call(["umount", "-l", mp], stderr=subprocess.DEVNULL)
+            shutil.rmtree(self.dir, ignore_errors=True)
+        prop = os.path.join(lab.PROPAGATE_DIR, self.name)
+        if os.path.lexists(prop):
+            shutil.rmtree(prop, ignore_errors=True)
+
+    def prepare_root(self):
+        p = self.m.params
+        os.makedirs(self.root, mode=0o755)
+        self.run(["tar", "--zstd", "-xpf", p["image"], "-C", self.root])
+        etc = os.path.join(self.root, "etc")
+        self.write(os.path.join(etc, "hostname"), self.name + "\n")
+        self.write(os.path.join(etc, "hosts"),
+                   "127.0.0.1 localhost\n127.0.1.1 %s\n::1 localhost ip6-localhost\n" % self.name)
+        self.write(os.path.join(etc, "resolv.conf"),
+                   "".join("nameserver %s\n" % ns for ns in p["nameservers"]))
+        self.write(os.path.join(etc, "machine-id"), "")
+        ssh_dir = os.path.join(self.root, "root", ".ssh")
+        os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
+        self.write(os.path.join(ssh_dir, "authorized_keys"), p["authorized_key"].strip() + "\n", 0o600)
+        for key in os.listdir(os.path.join(etc, "ssh")):
+            if key.startswith("ssh_host_"):
+                os.unlink(os.path.join(etc, "ssh", key))
+        self.run(["ssh-keygen", "-A", "-f", self.root])  # per-guest host keys
+
+    def boot(self):
+        p = self.m.params
+        cmd = [self.m.get_bin_path("systemd-nspawn", required=True), "-b", "-D", self.root, "-M", self.name,
+               "--register=no", "--keep-unit", "--network-veth", "--resolv-conf=off",
+               "--timezone=off", "--link-journal=no"]
+        env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
+        cgroups = self.cgroups
+        with open(self.console, "wb") as console:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True, close_fds=True,
+                                    preexec_fn=lambda: lab.enter_cgroups(cgroups))
+        self.write(self.state_file, json.dumps({"pid": proc.pid, "address": p["address"]}) + "\n", 0o600)
+        return proc
+
+    def configure_network(self, proc):
+        p = self.m.params
+        deadline = time.monotonic() + 15
+        leader = None
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise lab.LabError("systemd-nspawn exited with %s" % proc.returncode)
+            leader = self.leader(proc.pid)
+            if leader and os.path.exists("/sys/class/net/" + self.ifname):
+                break
+            time.sleep(0.02)
+        else:
+            raise lab.LabError("veth %s or the guest's init did not appear within 15 s" % self.ifname)
+        self.run(["ip", "addr", "replace", "%s/%d" % (p["host_address"], p["prefixlen"]), "dev", self.ifname])
+        self.run(["ip", "link", "set", self.ifname, "up"])
+        ns = ["nsenter", "-t", str(leader), "-n", "ip"]
+        self.run(ns + ["link", "set", "lo", "up"])
+        self.run(ns + ["addr", "replace", "%s/%d" % (p["address"], p["prefixlen"]), "dev", "host0"])
+        self.run(ns + ["link", "set", "host0", "up"])
+        self.run(ns + ["route", "replace", "default", "via", p["host_address"]])
+        return leader
+
+    def wait_ssh(self, proc):
+        p = self.m.params
+        deadline = time.monotonic() + p["boot_timeout"]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise lab.LabError("systemd-nspawn exited with %s during boot" % proc.returncode)
+            try:
+                with socket.create_connection((p["address"], 22), timeout=0.5) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise lab.LabError("sshd on %s did not answer within %d s" % (p["address"], p["boot_timeout"]))
+
+    def run(self, cmd):
+        rc, out, err = self.m.run_command(cmd)
+        if rc != 0:
+            raise lab.LabError("%s failed (rc=%d): %s" % (" ".join(cmd), rc, err.strip()))
+        return out
+
+    @staticmethod
+    def write(path, content, mode=0o644):
+        with open(path, "w") as f:
+            f.write(content)
+        os.chmod(path, mode)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            lab=dict(type="str", required=True),
+            state=dict(type="str", default="started", choices=["started", "absent"]),
+            lab_dir=dict(type="path", required=True),
+            image=dict(type="path"),
+            address=dict(type="str"),
+            host_address=dict(type="str"),
+            prefixlen=dict(type="int", default=30),
+            authorized_key=dict(type="str", no_log=False),
+            nameservers=dict(type="list", elements="str", default=[]),
+            boot_timeout=dict(type="int", default=60),
+        ),
+        required_if=[("state", "started", ("image", "address", "host_address", "authorized_key"))],
+        supports_check_mode=True,
+    )
+    try:
+        lab.validate_name(module.params["name"], "name")
+        lab.validate_name(module.params["lab"], "lab")
+    except lab.LabError as exc:
+        module.fail_json(msg=str(exc))
+    guest = Guest(module)
+
+    if module.params["state"] == "absent":
+        left = guest.remnants()
+        if not left:
+            module.exit_json(changed=False, left_behind=[])
+        if module.check_mode:
+            module.exit_json(changed=True, left_behind=[])
+        guest.destroy()
+        left = guest.remnants()
+        if left:
+            module.fail_json(msg="guest %s could not be removed completely" % guest.name, left_behind=left)
+        module.exit_json(changed=True, left_behind=[])
+
+    pid = guest.running_pid()
+    if pid:
+        module.exit_json(changed=False, pid=pid, leader=guest.leader(pid))
+    if module.check_mode:
+        module.exit_json(changed=True)
+    guest.destroy()  # remnants of a guest that died
+    start = time.monotonic()
+    try:
+        guest.prepare_root()
+        proc = guest.boot()
+        leader = guest.configure_network(proc)
+        guest.wait_ssh(proc)
+    except (lab.LabError, OSError) as exc:
+        console = lab.tail(guest.console)
+        guest.destroy()
+        module.fail_json(msg="guest %s failed to boot: %s" % (guest.name, exc), console_tail=console,
+                         left_behind=guest.remnants())
+    module.exit_json(changed=True, pid=proc.pid, leader=leader, boot_seconds=round(time.monotonic() - start, 2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: chv.fleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: cell_nat_facts
+short_description: Validate the cell NAT policy, discover the uplink and report conflicting firewalls
+version_added: 0.1.0
+description:
+  - Read-only companion of the M(chv.fleet.cell_nat) role's ruleset template.
+  - Validates the slot list and the egress policy and fails, naming the variable, on an invalid
+    CIDR, an overlapping allow/deny entry or an uplink that is not an interface of the host.
+  - Discovers the uplink from the IPv4 default route (C(ip -j route show default)) unless O(uplink) is given.
+  - Takes the slots from O(slots) or, when that list is empty, from the slot identity ledger
+    written by M(chv.fleet.cell_identity).
+  - Lists foreign nftables base chains on the forward and input hooks (tables other than
+    C(inet chv_cell)) whose policy is drop or which contain drop or reject rules, and returns one
+    warning per chain. Such chains see cell traffic too and may drop it, whatever C(inet chv_cell) accepts.
+  - Returns the data the role's C(cell-nat.nft.j2) template renders.
+author:
+  - chv.fleet maintainers
+attributes:
+  check_mode:
+    support: full
+    details: The module never changes the host.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+options:
+  slots:
+    description:
+      - Slot identity records (see docs/architecture.md); only C(name), C(host_ifname), C(subnet)
+        and C(gateway) are used.
+      - When empty, the slots are read from O(ledger_path).
+    type: list
+    elements: dict
+    default: []
+  ledger_path:
+    description:
+      - The cell_identity ledger, read when O(slots) is empty. A missing file means no slots.
+    type: path
+    default: /var/lib/chv-fleet/identities.json
+  uplink:
+    description:
+      - Interface cells egress through. Empty means the device of the IPv4 default route with the lowest metric.
+    type: str
+    default: ''
+  egress_allow:
+    description:
+      - Allow list. When not empty, cells reach only these destinations (allow-list mode).
+      - Each entry has C(cidr) (IPv4 network or address), optionally C(proto) (tcp, udp or any) and
+        C(ports) (list of ports or C(low-high) ranges; without C(proto) both tcp and udp), and C(comment).
+    type: list
+    elements: raw
+    default: []
+  egress_deny:
+    description:
+      - Deny list, same entry format as O(egress_allow); it always wins.
+      - A deny entry may overlap an allow entry only as a strict subset of it (a carve-out).
+    type: list
+    elements: raw
+    default: []
+  dns_resolvers:
+    description:
+      - IPv4 addresses of the resolvers cells are given. DNS (tcp/udp 53) to them is accepted, on the
+        guest (input hook) and beyond the uplink (also in allow-list mode).
+    type: list
+    elements: str
+    default: []
+  dns_via_gateway:
+    description:
+      - Accept DNS from each cell to its own slot's gateway address (a resolver listening on the guest).
+    type: bool
+    default: false
+  ratelimit:
+    description:
+      - New connections per second to one destination address, over all cells; 0 disables the meter.
+    type: int
+    default: 0
+  ratelimit_burst:
+    description:
+      - Burst (packets) of the per-destination meter.
+    type: int
+    default: 10
+  var_prefix:
+    description:
+      - Prefix put in front of option names in error messages, so that they name the caller's
+        variables (the role passes C(cell_nat_)).
+    type: str
+    default: ''
+notes:
+  - Uses C(ip) from iproute2 and, when installed, C(nft). Without C(nft) (fresh host in check
+    mode) no conflicts can be listed and a warning says so.
+seealso:
+  - name: docs/network.md
+    description: The ruleset, its counters, coexistence reports and the uplink.
+    link: https://github.com/chv-fleet/chv.fleet/blob/main/docs/network.md
+"""
+
+EXAMPLES = r"""
+- name: Validate the policy and discover the uplink
+  chv.fleet.cell_nat_facts:
+    slots: "{{ chv_cell_identities }}"
+    egress_allow:
+      - cidr: 203.0.113.0/24
+        proto: tcp
+        ports: [443]
+    egress_deny:
+      - cidr: 203.0.113.9/32
+    var_prefix: cell_nat_
+  register: nat
+
+- name: Fail when another firewall may drop cell traffic
+  ansible.builtin.fail:
+    msg: "{{ nat.conflict_messages }}"
+  when: nat.conflicts | length > 0
+"""
+
+RETURN = r"""
+uplink:
+  description: The interface cells are masqueraded out of.
+  returned: success
+  type: str
+  sample: eth0
+uplink_source:
+  description: C(override) when O(uplink) was given, C(default_route) when discovered.
+  returned: success
+  type: str
+  sample: default_route
+slots_source:
+  description: Where the slots came from, C(variable), C(ledger) or C(none).
+  returned: success
+  type: str
+  sample: variable
+conflicts:
+  description: Foreign base chains on the forward/input hooks that may drop cell traffic.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - family: ip
+      table: filter
+      chain: FORWARD
+      hook: forward
+      priority: 0
+      policy: drop
+      reasons: [policy drop]
+conflict_messages:
+  description: One human-readable line per conflict (also returned as warnings).
+  returned: success
+  type: list
+  elements: str
+nft_available:
+  description: Whether C(nft) was found (conflicts are only checked when it is).
+  returned: success
+  type: bool
+ruleset:
+  description: Data rendered by the role's C(cell-nat.nft.j2) template.
+  returned: success
+  type: dict
+  contains:
+    family:
+      description: Table family.
+      type: str
+      sample: inet
+    table:
+      description: Table name.
+      type: str
+      sample: chv_cell
+    uplink:
+      description: Uplink interface.
+      type: str
+    slots:
+      description: Normalized slots with their per-slot counter names.
+      type: list
+      elements: dict
+    allow_mode:
+      description: Whether the allow list is active.
+      type: bool
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import (
+    CellNatError,
+    conflict_message,
+    detect_conflicts,
+    plan,
+    slots_from_ledger,
+)
+
+
+def _interfaces():
+    try:
+        return set(os.listdir("/sys/class/net"))
+    except OSError:
+        return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            slots=dict(type="list", elements="dict", default=[]),
+            ledger_path=dict(type="path", default="/var/lib/chv-fleet/identities.json"),
+            uplink=dict(type="str", default=""),
+            egress_allow=dict(type="list", elements="raw", default=[]),
+            egress_deny=dict(type="list", elements="raw", default=[]),
+            dns_resolvers=dict(type="list", elements="str", default=[]),
+            dns_via_gateway=dict(type="bool", default=False),
+            ratelimit=dict(type="int", default=0),
+            ratelimit_burst=dict(type="int", default=10),
+            var_prefix=dict(type="str", default=""),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    prefix = p["var_prefix"]
+
+    slots, slots_source = p["slots"], "variable"
+    if not slots:
+        slots_source = "none"
+        if os.path.exists(p["ledger_path"]):
+            try:
+                with open(p["ledger_path"], "r") as handle:
+                    slots = slots_from_ledger(handle.read(), p["ledger_path"])
+            except (OSError, IOError, CellNatError) as exc:
+                module.fail_json(msg="%sledger_path: cannot read slots from %s: %s" % (prefix, p["ledger_path"], exc))
+            slots_source = "ledger"
+
+    route_json = None
+    if not p["uplink"]:
+        rc, out, err = module.run_command(["ip", "-j", "-4", "route", "show", "default"])
+        if rc != 0:
+            module.fail_json(msg="cannot read the default route: ip -j route show default: %s" % err.strip())
+        route_json = out
+
+    try:
+        data = plan(dict(p, slots=slots), _interfaces(), route_json, prefix)
+    except CellNatError as exc:
+        module.fail_json(msg=str(exc))
+    except ValueError as exc:
+        module.fail_json(msg="cannot parse ip -j route output: %s" % exc)
+
+    conflicts, messages = [], []
+    nft = module.get_bin_path("nft")
+    if nft:
+        rc, out, err = module.run_command([nft, "-j", "list", "ruleset"])
+        if rc != 0:
+            module.fail_json(msg="nft -j list ruleset failed: %s" % err.strip())
+        try:
+            conflicts = detect_conflicts(json.loads(out) if out.strip() else {"nftables": []})
+        except ValueError as exc:
+            module.fail_json(msg="cannot parse nft -j list ruleset: %s" % exc)
+        messages = [conflict_message(c) for c in conflicts]
+        for message in messages:
+            module.warn(message)
+    else:
+        module.warn("nft is not installed yet: foreign firewall chains were not checked")
+
+    module.exit_json(
+        changed=False,
+        uplink=data["uplink"],
+        uplink_source=data["uplink_source"],
+        slots_source=slots_source,
+        conflicts=conflicts,
+        conflict_messages=messages,
+        nft_available=bool(nft),
+        ruleset=data,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The one pure function that turns (policy, slot identity, command) into
+the systemd-nspawn argument list, plus the path helpers it relies on.
+
+Nothing in this module touches the file system or the process table: the
+caller probes the host once (``probe_paths`` tells it which paths matter)
+and passes the result in as ``HostFacts``.  ``chv-cell argv`` prints exactly
+what ``chv-cell run`` executes.
+"""
+
+import collections
+import os.path
+
+from .policy import is_under
+
+# Inside the cell, the start gate FIFO is bound read-only here (the cell's
+# own /run is a private tmpfs, so nothing of the host's /run is visible).
+GATE_IN_CELL = "/run/chv-gate"
+
+# The cell's pid 2 (nspawn --as-pid2) is this shell: it blocks on the start
+# gate FIFO and execs the payload only after the launcher has written "go"
+# (after the cell's network is configured).  The FIFO is owned by host root
+# with mode 0644: the cell (whose root is an unprivileged host uid) can open
+# it for reading only, so nothing inside any cell can open a gate.  If the
+# launcher dies before opening the gate, the read sees EOF and the payload
+# never starts.
+GATE_SCRIPT = (
+    'IFS= read -r g < ' + GATE_IN_CELL + ' && [ "$g" = go ] && exec "$@"; '
+    'echo "chv-cell: start gate closed; payload not started" >&2; exit 125'
+)
+
+# Trees of the host visible in every cell: /usr (nspawn --volatile=yes mounts
+# the host's /usr read-only on a tmpfs root) and /etc (bound read-only by the
+# launcher so that --inaccessible= can hide paths inside it).
+HOST_TREES = ("/usr", "/etc")
+
+HostFacts = collections.namedtuple(
+    "HostFacts",
+    [
+        "scope",  # "systemd" (nspawn allocates a scope) or "standalone" (--keep-unit)
+        "existing",  # frozenset of host paths (from probe_paths) that exist
+        "shared_network",  # True only with the explicit --shared-network flag
+    ],
+)
+
+
+def cell_paths(policy, slot):
+    """Host-side paths belonging to one slot."""
+    name = slot["name"]
+    state = policy["state_dir"]
+    return {
+        "lock": os.path.join(state, "locks", name + ".lock"),
+        "record": os.path.join(state, "cells", name + ".json"),
+        "net_dir": os.path.join(state, "net", name),
+        "resolv_conf": os.path.join(state, "net", name, "resolv.conf"),
+        "hosts": os.path.join(state, "net", name, "hosts"),
+        "gate": os.path.join(state, "gate", name),
+        "workspace": os.path.join(policy["workspace_root"], name),
+        "agent_state": os.path.join(policy["agent_state_root"], name),
+    }
+
+
+def _subst(path, slot):
+    return path.replace("{slot}", slot["name"])
+
+
+def bind_table(policy, slot):
+    """All binds of the cell as (flag, source, target, optional), in order."""
+    paths = cell_paths(policy, slot)
+    table = [("--bind-ro", "/etc", "/etc", False)]
+    for b in policy["readonly_binds"]:
+        src = _subst(b["source"], slot)
+        table.append(("--bind-ro", src, _subst(b.get("target", b["source"]), slot), b.get("optional", False)))
+    for b in policy["writable_binds"]:
+        src = _subst(b["source"], slot)
+        table.append(("--bind", src, _subst(b.get("target", b["source"]), slot), b.get("optional", False)))
+    table.append(("--bind", paths["workspace"], policy["workspace_mount"], False))
+    table.append(("--bind", paths["agent_state"], policy["agent_state_mount"], False))
+    return table
+
+
+def probe_paths(policy, slot):
+    """Host paths whose existence build_argv needs to know."""
+    out = set()
+    for _flag, src, _tgt, optional in bind_table(policy, slot):
+        if optional:
+            out.add(src)
+    for p in policy["inaccessible"]:
+        host = host_path_of(_subst(p, slot), policy, slot)
+        if host is not None:
+            out.add(host)
+    return out
+
+
+def host_path_of(cell_path, policy, slot, existing=None):
+    """Which host path a cell path shows, or None if the cell cannot see it.
+
+    The deepest bind whose target contains the path wins; /usr and /etc
+    show the host's own trees.  ``existing`` (when given) drops optional
+    binds that will not be mounted.
+    """
+    best = None
+    candidates = [("host", t, t, False) for t in HOST_TREES] + bind_table(policy, slot)
+    for flag, src, tgt, optional in candidates:
+        if optional and existing is not None and src not in existing:
+            continue
+        if is_under(cell_path, tgt) and (best is None or len(tgt) >= len(best[1])):
+            best = (src, tgt)
+    if best is None:
+        return None
+    src, tgt = best
+    return src + cell_path[len(tgt):]
+
+
+def build_argv(policy, slot, command, facts):
+    """The complete systemd-nspawn argv for running ``command`` in ``slot``."""
+    if not command:
+        raise ValueError("no command given")
+    paths = cell_paths(policy, slot)
+    register = bool(policy["register"]) and facts.scope == "systemd"
+    argv = [
+        policy["nspawn"],
+        "--quiet",
+        "--directory=/",
+        "--volatile=yes",
+        "--as-pid2",
+        "--pipe",
+        "--machine=" + slot["machine"],
+        "--register=" + ("yes" if register else "no"),
+    ]
+    if facts.scope != "systemd":
+        argv.append("--keep-unit")
+    argv += [
+        "--private-users=%d:%d" % (slot["uid_base"], slot["uid_size"]),
+        "--private-users-ownership=off",
+        "--drop-capability=" + ",".join(sorted(set(policy["drop_capabilities"]))),
+        "--no-new-privileges=yes",
+        "--system-call-filter=~" + " ".join(sorted(set(policy["syscall_deny"]))),
+        "--link-journal=no",
+        "--resolv-conf=off",
+        "--timezone=off",
+    ]
+    existing = facts.existing
+    for flag, src, tgt, optional in bind_table(policy, slot):
+        if optional and src not in existing:
+            continue
+        argv.append("%s=%s" % (flag, src if src == tgt else src + ":" + tgt))
+    if not facts.shared_network:
+        argv.append("--bind-ro=%s:/etc/resolv.conf" % paths["resolv_conf"])
+        argv.append("--bind-ro=%s:/etc/hosts" % paths["hosts"])
+    argv.append("--bind-ro=%s:%s" % (paths["gate"], GATE_IN_CELL))
+    # --inaccessible= fails when the path does not exist inside the cell, so
+    # only paths the cell can actually see (and that exist) are listed; a
+    # path outside /usr, /etc and the binds is not in the cell at all.
+    hidden = []
+    for p in policy["inaccessible"]:
+        cp = _subst(p, slot)
+        host = host_path_of(cp, policy, slot, existing)
+        if host is not None and host in existing and cp not in hidden:
+            hidden.append(cp)
+    argv += ["--inaccessible=" + p for p in hidden]
+    argv += ["--tmpfs=%s:mode=1777" % t for t in policy["tmpfs"]]
+    env = {"CHV_CELL": "1", "CHV_SLOT": slot["name"]}
+    for k, v in policy["setenv"].items():
+        if k not in env:
+            env[k] = str(v)
+    argv += ["--setenv=%s=%s" % (k, env[k]) for k in env]
+    argv += ["--property=%s=%s" % (k, v) for k, v in sorted(policy["properties"].items())]
+    for k, v in sorted(policy["rlimits"].items()):
+        name = k if k.startswith("RLIMIT_") else "RLIMIT_" + k
+        argv.append("--rlimit=%s=%s" % (name, v))
+    if not facts.shared_network:
+        argv += ["--private-network", "--network-veth-extra=%s:%s" % (slot["host_ifname"], slot["cell_ifname"])]
+    argv.append("--chdir=" + policy["workspace_mount"])
+    argv += ["--", "/bin/sh", "-c", GATE_SCRIPT, "chv-gate"]
+    argv += list(command)
+    return argv
+
+
+def nspawn_environment(policy):
+    """The environment nspawn runs with: nothing from the caller leaks in."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    env.update({k: str(v) for k, v in policy["nspawn_environment"].items()})
+    return env

@@ -1,0 +1,130 @@
+"""Command line: chv-cell run | argv | validate-policy | status."""
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+from . import argv as argvmod
+from . import policy as policymod
+from . import runner
+
+
+def _command(ns, parser):
+    cmd = list(ns.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        parser.error("a command is required after --")
+    return cmd
+
+
+def _pick_slot(pol, name):
+    if name is None:
+        return pol["slots"][0]
+    try:
+        return policymod.slot_by_name(pol, name)
+    except KeyError:
+        raise policymod.PolicyError(
+            ["no slot named %r (have: %s)" % (name, ", ".join(s["name"] for s in pol["slots"]))]
+        )
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(
+        prog="chv-cell",
+        description="Run a command in a hardened systemd-nspawn cell.",
+        epilog="exit codes: the payload's own; %d cell setup failed; %d every slot busy until the "
+        "timeout; %d unusable policy; 128+N stopped by signal N"
+        % (runner.EXIT_SETUP, runner.EXIT_BUSY, runner.EXIT_CONFIG),
+    )
+    ap.add_argument("--policy", default=policymod.DEFAULT_POLICY_PATH, help="policy file (default %(default)s)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log slot claim and timing to stderr")
+    sub = ap.add_subparsers(dest="action", required=True)
+
+    r = sub.add_parser("run", help="claim a free slot and run CMD in a cell")
+    r.add_argument("--slot", help="use only this slot (default: the first free one)")
+    r.add_argument("--timeout", type=float, help="seconds to wait for a free slot (default: policy claim_timeout)")
+    r.add_argument(
+        "--shared-network",
+        action="store_true",
+        help="run in the host's network namespace (explicit, logged; never a fallback)",
+    )
+    r.add_argument("command", nargs=argparse.REMAINDER)
+
+    a = sub.add_parser("argv", help="print the systemd-nspawn command line without starting anything")
+    a.add_argument("--slot", help="slot to show (default: the first)")
+    a.add_argument("--shared-network", action="store_true")
+    a.add_argument("--json", action="store_true", help="print a JSON list instead of a shell command")
+    a.add_argument("command", nargs=argparse.REMAINDER)
+
+    v = sub.add_parser("validate-policy", help="check a policy file; exit 0 when usable")
+    v.add_argument("path", nargs="?", help="file to check (default: --policy)")
+
+    sub.add_parser("status", help="list slots and the cells running in them")
+    return ap
+
+
+def main(args=None):
+    ap = build_parser()
+    ns = ap.parse_args(args)
+
+    if ns.action == "validate-policy":
+        path = ns.path or ns.policy
+        try:
+            pol = policymod.load(path)
+        except policymod.PolicyError as exc:
+            for e in exc.errors:
+                sys.stderr.write("%s: %s\n" % (path, e))
+            return runner.EXIT_CONFIG
+        print("%s: valid, %d slot(s)" % (path, len(pol["slots"])))
+        return 0
+
+    try:
+        pol = policymod.load(ns.policy)
+    except policymod.PolicyError as exc:
+        for e in exc.errors:
+            runner.log(e)
+        return runner.EXIT_CONFIG
+
+    if ns.action == "argv":
+        cmd = _command(ns, ap)
+        try:
+            slot = _pick_slot(pol, ns.slot)
+        except policymod.PolicyError as exc:
+            runner.log(exc.errors[0])
+            return runner.EXIT_CONFIG
+        facts = argvmod.HostFacts(
+            scope=runner.resolve_scope(pol),
+            existing=runner.probe(argvmod.probe_paths(pol, slot)),
+            shared_network=ns.shared_network,
+        )
+        out = argvmod.build_argv(pol, slot, cmd, facts)
+        if ns.json:
+            print(json.dumps(out, indent=1))
+        else:
+            print(" \\\n    ".join(shlex.quote(a) for a in out))
+        return 0
+
+    if ns.action == "status":
+        for s in pol["slots"]:
+            rec_path = argvmod.cell_paths(pol, s)["record"]
+            try:
+                with open(rec_path) as fh:
+                    rec = json.load(fh)
+                alive = os.path.exists("/proc/%d" % int(rec["pid"]))
+                state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
+            except FileNotFoundError:
+                state = "idle"
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                state = "unknown (%s)" % exc
+            print(
+                "%-10s %-12s %-15s %-18s uid %d+%d  %s"
+                % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)
+            )
+        return 0
+
+    cmd = _command(ns, ap)
+    launcher = runner.Launcher(pol, verbose=ns.verbose)
+    return launcher.run(cmd, slot_name=ns.slot, timeout=ns.timeout, shared_network=ns.shared_network)

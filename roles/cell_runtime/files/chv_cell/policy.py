@@ -1,0 +1,408 @@
+"""Cell policy: defaults, loading and validation (standard library only).
+
+The policy is the one file the launcher reads
+(/etc/chv-fleet/cell-policy.json, rendered by the chv.fleet.cell_runtime
+role).  ``validate(obj)`` returns a list of human-readable errors; an empty
+list means the policy is usable.  The role runs ``chv-cell validate-policy``
+on the rendered file before putting it in place, so everything the launcher
+would refuse at run time is refused at deploy time.
+"""
+
+import copy
+import ipaddress
+import json
+import re
+
+POLICY_VERSION = 1
+DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"
+
+# Capabilities known to the kernel (capability.h, Linux 6.x).
+KNOWN_CAPS = frozenset(
+    "CAP_" + n
+    for n in (
+        "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID "
+        "SETPCAP LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN "
+        "NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE "
+        "SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME "
+        "SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+        "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ "
+        "PERFMON BPF CHECKPOINT_RESTORE"
+    ).split()
+)
+
+# The issue's floor: a policy may drop more, never less.
+REQUIRED_DROPPED_CAPS = frozenset(
+    [
+        "CAP_SYS_ADMIN",
+        "CAP_SYS_PTRACE",
+        "CAP_NET_ADMIN",
+        "CAP_NET_RAW",
+        "CAP_SYS_MODULE",
+        "CAP_SYS_RAWIO",
+        "CAP_SYS_BOOT",
+        "CAP_MKNOD",
+    ]
+)
+REQUIRED_DENIED_SYSCALLS = frozenset(["io_uring_setup", "io_uring_enter", "io_uring_register"])
+
+KNOWN_RLIMITS = frozenset(
+    "CPU FSIZE DATA STACK CORE RSS NOFILE AS NPROC MEMLOCK LOCKS SIGPENDING "
+    "MSGQUEUE NICE RTPRIO RTTIME".split()
+)
+# nspawn environment variables an operator may set for nspawn itself; every
+# other variable is stripped from nspawn's environment (some, such as
+# SYSTEMD_NSPAWN_API_VFS_WRITABLE, would weaken the cell).
+ALLOWED_NSPAWN_ENV = frozenset(
+    ["SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "SYSTEMD_NSPAWN_USE_CGNS", "SYSTEMD_LOG_LEVEL"]
+)
+
+DEFAULTS = {
+    "version": POLICY_VERSION,
+    "nspawn": "/usr/bin/systemd-nspawn",
+    "ip": "/usr/sbin/ip",
+    "nsenter": "/usr/bin/nsenter",
+    "state_dir": "/run/chv-fleet",
+    "workspace_root": "/var/lib/chv-fleet/workspaces",
+    "workspace_mount": "/workspace",
+    "agent_state_root": "/var/lib/chv-fleet/agent-state",
+    "agent_state_mount": "/root",
+    "scope": "auto",
+    "register": False,
+    "drop_capabilities": sorted(REQUIRED_DROPPED_CAPS),
+    "no_new_privileges": True,
+    "syscall_deny": sorted(REQUIRED_DENIED_SYSCALLS),
+    "inaccessible": ["/etc/chv"],
+    "readonly_binds": [],
+    "writable_binds": [{"source": "/run/chv", "target": "/run/chv", "optional": False}],
+    "tmpfs": ["/tmp"],
+    "setenv": {},
+    "properties": {},
+    "rlimits": {},
+    "nspawn_environment": {},
+    "dns_servers": [],
+    "dns_search": [],
+    "claim_timeout": 30.0,
+    "start_timeout": 20.0,
+    "stop_grace": 3.0,
+    "slots": [],
+}
+
+SLOT_FIELDS = {
+    "name": str,
+    "index": int,
+    "machine": str,
+    "host_ifname": str,
+    "cell_ifname": str,
+    "subnet": str,
+    "gateway": str,
+    "address": str,
+    "prefixlen": int,
+    "uid_base": int,
+    "uid_size": int,
+}
+
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+_SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_MACHINE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
+_CAP_RE = re.compile(r"^CAP_[A-Z_]+$")
+_SYSCALL_RE = re.compile(r"^[a-z0-9_]+$")
+_PROP_RE = re.compile(r"^[A-Z][A-Za-z0-9]+$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RLIMIT_VAL_RE = re.compile(r"^(infinity|[0-9]+)(:(infinity|[0-9]+))?$")
+_SEARCH_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+# Host paths that must never become visible (as a bind source) in a cell.
+PROTECTED_PATHS = ("/run/chv-fleet", "/etc/chv", "/var/lib/chv-fleet/identities.json")
+
+
+class PolicyError(Exception):
+    """The policy file cannot be used; ``errors`` lists every problem."""
+
+    def __init__(self, errors):
+        super().__init__("; ".join(errors))
+        self.errors = list(errors)
+
+
+def _is_abs_clean(path):
+    """An absolute, normalised path that nspawn's --bind syntax can carry."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        return False
+    if any(c in path for c in ":,\n\0") or "//" in path:
+        return False
+    parts = path.split("/")[1:]
+    if path != "/" and (path.endswith("/") or any(p in ("", ".", "..") for p in parts)):
+        return False
+    return True
+
+
+def is_under(path, root):
+    """True when ``path`` equals ``root`` or lies beneath it."""
+    if root == "/":
+        return True
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def merged(obj):
+    """Policy with defaults filled in for absent keys (deep copy)."""
+    out = copy.deepcopy(DEFAULTS)
+    for key, value in obj.items():
+        out[key] = copy.deepcopy(value)
+    return out
+
+
+def _check_binds(name, binds, errors, state_dir):
+    if not isinstance(binds, list):
+        errors.append("%s: must be a list" % name)
+        return
+    for i, b in enumerate(binds):
+        where = "%s[%d]" % (name, i)
+        if not isinstance(b, dict):
+            errors.append("%s: must be a mapping with source/target/optional" % where)
+            continue
+        extra = set(b) - {"source", "target", "optional"}
+        if extra:
+            errors.append("%s: unknown keys %s" % (where, ", ".join(sorted(extra))))
+        src = b.get("source")
+        tgt = b.get("target", src)
+        src_check = src.replace("{slot}", "slot") if isinstance(src, str) else src
+        tgt_check = tgt.replace("{slot}", "slot") if isinstance(tgt, str) else tgt
+        if not _is_abs_clean(src_check):
+            errors.append("%s: source %r must be an absolute normalised path without ':' or ','" % (where, src))
+            continue
+        if not _is_abs_clean(tgt_check) or tgt_check == "/":
+            errors.append("%s: target %r must be an absolute normalised path other than /" % (where, tgt))
+            continue
+        if not isinstance(b.get("optional", False), bool):
+            errors.append("%s: optional must be a boolean" % where)
+        for protected in PROTECTED_PATHS + (state_dir,):
+            if is_under(protected, src_check) or is_under(src_check, protected):
+                errors.append("%s: source %s would expose %s inside the cell" % (where, src, protected))
+        if tgt_check in ("/etc", "/usr", "/proc", "/sys", "/dev", "/run"):
+            errors.append("%s: target %s would replace a system tree of the cell" % (where, tgt))
+
+
+def _check_slots(slots, errors):
+    if not isinstance(slots, list) or not slots:
+        errors.append("slots: must be a non-empty list of slot identities")
+        return
+    seen = {k: {} for k in ("name", "index", "machine", "host_ifname")}
+    nets = []
+    ranges = []
+    for i, s in enumerate(slots):
+        where = "slots[%d]" % i
+        if not isinstance(s, dict):
+            errors.append("%s: must be a mapping" % where)
+            continue
+        missing = [k for k in SLOT_FIELDS if k not in s]
+        if missing:
+            errors.append("%s: missing %s" % (where, ", ".join(missing)))
+            continue
+        bad = [k for k, t in SLOT_FIELDS.items() if not isinstance(s[k], t) or isinstance(s[k], bool)]
+        if bad:
+            errors.append("%s: wrong type for %s" % (where, ", ".join(bad)))
+            continue
+        where = "slots[%d] (%s)" % (i, s["name"])
+        if not _SLOT_RE.match(s["name"]):
+            errors.append("%s: name must match %s" % (where, _SLOT_RE.pattern))
+        if not _MACHINE_RE.match(s["machine"]):
+            errors.append("%s: machine %r is not a valid machine name" % (where, s["machine"]))
+        for key in ("host_ifname", "cell_ifname"):
+            if not _IFNAME_RE.match(s[key]) or s[key] in (".", ".."):
+                errors.append("%s: %s %r must be 1-15 characters [A-Za-z0-9_.-]" % (where, key, s[key]))
+        if s["cell_ifname"] == "lo":
+            errors.append("%s: cell_ifname must not be lo" % where)
+        for key in seen:
+            if s[key] in seen[key]:
+                errors.append("%s: %s %r also used by slots[%d]" % (where, key, s[key], seen[key][s[key]]))
+            seen[key][s[key]] = i
+        try:
+            net = ipaddress.IPv4Network(s["subnet"])
+            gw = ipaddress.IPv4Address(s["gateway"])
+            addr = ipaddress.IPv4Address(s["address"])
+        except ValueError as exc:
+            errors.append("%s: %s" % (where, exc))
+        else:
+            if net.prefixlen != s["prefixlen"]:
+                errors.append("%s: prefixlen %d does not match subnet %s" % (where, s["prefixlen"], net))
+            if net.prefixlen > 30:
+                errors.append("%s: subnet %s leaves no room for gateway and cell" % (where, net))
+            hosts = set(net.hosts())
+            for key, ip in (("gateway", gw), ("address", addr)):
+                if ip not in hosts:
+                    errors.append("%s: %s %s is not a host address of %s" % (where, key, ip, net))
+            if gw == addr:
+                errors.append("%s: gateway and address are both %s" % (where, gw))
+            if net.is_loopback or net.is_multicast or net.is_link_local:
+                errors.append("%s: subnet %s is not usable for a cell" % (where, net))
+            for j, other in nets:
+                if net.overlaps(other):
+                    errors.append("%s: subnet %s overlaps slots[%d] (%s)" % (where, net, j, other))
+            nets.append((i, net))
+        base, size = s["uid_base"], s["uid_size"]
+        if base <= 0:
+            errors.append("%s: uid_base must be > 0 (cell root must never be host root)" % where)
+        if size < 1 or base + size > 2**32 - 1:
+            errors.append("%s: uid range %d+%d is out of bounds" % (where, base, size))
+        ranges.append((i, base, size))
+    # Per-slot ranges must be disjoint; identical ranges are the shared mode.
+    for a in range(len(ranges)):
+        for b in range(a + 1, len(ranges)):
+            ia, ba, sa = ranges[a]
+            ib, bb, sb = ranges[b]
+            if (ba, sa) != (bb, sb) and ba < bb + sb and bb < ba + sa:
+                errors.append(
+                    "slots[%d]/slots[%d]: uid ranges %d+%d and %d+%d overlap partially" % (ia, ib, ba, sa, bb, sb)
+                )
+
+
+def validate(obj):
+    """Return a list of errors (empty when the policy is valid)."""
+    errors = []
+    if not isinstance(obj, dict):
+        return ["policy must be a JSON object"]
+    unknown = set(obj) - set(DEFAULTS)
+    if unknown:
+        errors.append("unknown keys: %s" % ", ".join(sorted(unknown)))
+    if obj.get("version") != POLICY_VERSION:
+        errors.append("version: must be %d" % POLICY_VERSION)
+    if "slots" not in obj:
+        errors.append("slots: missing")
+    p = merged(obj)
+
+    for key in ("nspawn", "ip", "nsenter", "state_dir", "workspace_root", "agent_state_root"):
+        if not _is_abs_clean(p[key]) or p[key] == "/":
+            errors.append("%s: %r must be an absolute normalised path" % (key, p[key]))
+    for key in ("workspace_mount", "agent_state_mount"):
+        if not _is_abs_clean(p[key]) or p[key] in ("/", "/etc", "/usr", "/run", "/proc", "/sys", "/dev", "/tmp"):
+            errors.append("%s: %r must be an absolute path that is not a system tree" % (key, p[key]))
+    if _is_abs_clean(p["state_dir"]):
+        for key in ("workspace_root", "agent_state_root"):
+            if _is_abs_clean(p[key]) and (is_under(p[key], p["state_dir"]) or is_under(p["state_dir"], p[key])):
+                errors.append("%s: must not overlap state_dir %s" % (key, p["state_dir"]))
+    if p["scope"] not in ("auto", "systemd", "standalone"):
+        errors.append("scope: must be auto, systemd or standalone")
+    for key in ("register", "no_new_privileges"):
+        if not isinstance(p[key], bool):
+            errors.append("%s: must be a boolean" % key)
+    if p["no_new_privileges"] is False:
+        errors.append("no_new_privileges: cells always run with no_new_privileges")
+
+    caps = p["drop_capabilities"]
+    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+        errors.append("drop_capabilities: must be a list of capability names")
+    else:
+        for c in caps:
+            if not _CAP_RE.match(c) or c not in KNOWN_CAPS:
+                errors.append("drop_capabilities: unknown capability %r" % c)
+        missing = REQUIRED_DROPPED_CAPS - set(caps)
+        if missing:
+            errors.append("drop_capabilities: must include %s" % ", ".join(sorted(missing)))
+
+    calls = p["syscall_deny"]
+    if not isinstance(calls, list) or not all(isinstance(c, str) for c in calls):
+        errors.append("syscall_deny: must be a list of syscall names")
+    else:
+        for c in calls:
+            if not _SYSCALL_RE.match(c):
+                errors.append("syscall_deny: %r is not a syscall name (groups only widen nspawn's filter)" % c)
+        missing = REQUIRED_DENIED_SYSCALLS - set(calls)
+        if missing:
+            errors.append("syscall_deny: must include %s" % ", ".join(sorted(missing)))
+
+    inacc = p["inaccessible"]
+    if not isinstance(inacc, list) or not all(isinstance(x, str) for x in inacc):
+        errors.append("inaccessible: must be a list of absolute paths")
+    else:
+        for x in inacc:
+            if not _is_abs_clean(x.replace("{slot}", "slot")) or x == "/":
+                errors.append("inaccessible: %r must be an absolute normalised path" % x)
+
+    _check_binds("readonly_binds", p["readonly_binds"], errors, p["state_dir"])
+    _check_binds("writable_binds", p["writable_binds"], errors, p["state_dir"])
+    if isinstance(p["writable_binds"], list):
+        for i, b in enumerate(p["writable_binds"]):
+            if isinstance(b, dict) and isinstance(b.get("source"), str):
+                if b["source"] in ("/", "/etc", "/usr", "/var", "/home", "/root", "/boot", "/run"):
+                    errors.append("writable_binds[%d]: %s must not be writable in a cell" % (i, b["source"]))
+
+    tmpfs = p["tmpfs"]
+    if not isinstance(tmpfs, list) or not all(isinstance(t, str) and _is_abs_clean(t) and t != "/" for t in tmpfs):
+        errors.append("tmpfs: must be a list of absolute paths other than /")
+
+    for key, pattern, what in (
+        ("setenv", _ENV_RE, "environment variable"),
+        ("properties", _PROP_RE, "unit property"),
+        ("nspawn_environment", _ENV_RE, "environment variable"),
+    ):
+        d = p[key]
+        if not isinstance(d, dict):
+            errors.append("%s: must be a mapping" % key)
+            continue
+        for k, v in d.items():
+            if not pattern.match(k):
+                errors.append("%s: %r is not a valid %s name" % (key, k, what))
+            if not isinstance(v, (str, int)) or isinstance(v, bool) or "\n" in str(v) or "\0" in str(v):
+                errors.append("%s: value of %s must be a single-line string or number" % (key, k))
+    if isinstance(p["setenv"], dict) and str(p["setenv"].get("CHV_CELL", "1")) != "1":
+        errors.append("setenv: CHV_CELL is always 1 in a cell")
+    if isinstance(p["nspawn_environment"], dict):
+        for k in p["nspawn_environment"]:
+            if k not in ALLOWED_NSPAWN_ENV:
+                errors.append("nspawn_environment: %s is not allowed (allowed: %s)" % (k, ", ".join(sorted(ALLOWED_NSPAWN_ENV))))
+
+    rl = p["rlimits"]
+    if not isinstance(rl, dict):
+        errors.append("rlimits: must be a mapping")
+    else:
+        for k, v in rl.items():
+            name = k[7:] if k.startswith("RLIMIT_") else k
+            if name not in KNOWN_RLIMITS:
+                errors.append("rlimits: unknown limit %r" % k)
+            if not _RLIMIT_VAL_RE.match(str(v)) or isinstance(v, bool):
+                errors.append("rlimits: %s value %r must be N, infinity or SOFT:HARD" % (k, v))
+
+    dns = p["dns_servers"]
+    if not isinstance(dns, list):
+        errors.append("dns_servers: must be a list")
+    else:
+        for d in dns:
+            try:
+                ip = ipaddress.ip_address(d)
+            except (ValueError, TypeError):
+                errors.append("dns_servers: %r is not an IP address" % (d,))
+                continue
+            if ip.is_loopback or ip.is_unspecified:
+                errors.append("dns_servers: %s is not reachable from a cell" % ip)
+    search = p["dns_search"]
+    if not isinstance(search, list) or not all(isinstance(s, str) and _SEARCH_RE.match(s) for s in search):
+        errors.append("dns_search: must be a list of domain names")
+
+    for key, lo, hi in (("claim_timeout", 0, 86400), ("start_timeout", 1, 600), ("stop_grace", 0, 600)):
+        v = p[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            errors.append("%s: must be a number between %s and %s" % (key, lo, hi))
+
+    _check_slots(p["slots"], errors)
+    return errors
+
+
+def load(path=DEFAULT_POLICY_PATH):
+    """Read, validate and return the merged policy; raise PolicyError."""
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except OSError as exc:
+        raise PolicyError(["cannot read %s: %s" % (path, exc.strerror)])
+    except ValueError as exc:
+        raise PolicyError(["%s is not valid JSON: %s" % (path, exc)])
+    errors = validate(obj)
+    if errors:
+        raise PolicyError(errors)
+    return merged(obj)
+
+
+def slot_by_name(policy, name):
+    for s in policy["slots"]:
+        if s["name"] == name:
+            return s
+    raise KeyError(name)

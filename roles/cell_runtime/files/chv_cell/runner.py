@@ -1,0 +1,521 @@
+"""`chv-cell run`: claim a slot, start the cell, gate the payload on the
+network, relay the exit code, clean up.  Side effects live here; the argv
+and the resolver files come from the pure modules."""
+
+import ctypes
+import errno
+import json
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+from . import argv as argvmod
+from . import claim as claimmod
+from . import resolver
+
+EXIT_SETUP = 125  # the launcher could not start the cell (payload did not run)
+EXIT_BUSY = 75  # EX_TEMPFAIL: every candidate slot stayed busy until the timeout
+EXIT_CONFIG = 78  # EX_CONFIG: the policy file is unusable
+
+PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
+_PR_SET_PDEATHSIG = 1
+
+
+class SetupError(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def log(msg):
+    sys.stderr.write("chv-cell: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def resolve_scope(policy):
+    """systemd: nspawn allocates its own transient scope through the system
+    bus (needs systemd as PID 1); standalone: --keep-unit and the launcher
+    gives each cell its own cgroup."""
+    if policy["scope"] != "auto":
+        return policy["scope"]
+    if os.path.isdir("/run/systemd/system") and os.path.exists("/run/dbus/system_bus_socket"):
+        return "systemd"
+    return "standalone"
+
+
+def probe(paths):
+    return frozenset(p for p in paths if os.path.lexists(p))
+
+
+# ---------------------------------------------------------------- cgroups
+def _own_cgroup_dirs():
+    """Directories of this process's cgroups that nspawn itself would use:
+    the cgroup2 one and (on hybrid hosts) the name=systemd v1 one."""
+    mounts = {}
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            left, right = line.split(" - ", 1)
+            lf, rf = left.split(), right.split()
+            root, mnt, fstype, opts = lf[3], lf[4], rf[0], rf[2]
+            if fstype == "cgroup2":
+                mounts.setdefault("", (root, mnt))
+            elif fstype == "cgroup" and "name=systemd" in opts.split(","):
+                mounts.setdefault("name=systemd", (root, mnt))
+    out = []
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            hier, ctrls, path = line.rstrip("\n").split(":", 2)
+            key = "" if hier == "0" else ctrls
+            if key in mounts:
+                root, mnt = mounts[key]
+                rel = path[len(root):] if root != "/" and path.startswith(root) else path
+                out.append(os.path.normpath(mnt + "/" + rel.lstrip("/")))
+    return out
+
+
+def cgroup_dirs_for(slot_name):
+    return [os.path.join(d, "chv-cell-" + slot_name) for d in _own_cgroup_dirs()]
+
+
+def _cgroup_pids(top):
+    pids = []
+    for dirpath, _dirs, files in os.walk(top):
+        if "cgroup.procs" in files:
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs")) as fh:
+                    pids += [int(x) for x in fh.read().split()]
+            except OSError:
+                pass
+    return pids
+
+
+def remove_cgroup_tree(top, kill=False, wait=2.0):
+    if not os.path.isdir(top):
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        pids = _cgroup_pids(top)
+        if not pids or not kill:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
+        for _ in range(50):
+            try:
+                os.rmdir(dirpath)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    break
+                time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- helpers
+def _write_atomic(path, data, mode):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data.encode())
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _read_children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _pidns(pid):
+    try:
+        return os.stat("/proc/%d/ns/pid" % pid).st_ino
+    except OSError:
+        return None
+
+
+def _uid_map_matches(pid, slot):
+    try:
+        with open("/proc/%d/uid_map" % pid) as fh:
+            first = fh.readline().split()
+    except OSError:
+        return False
+    return first == ["0", str(slot["uid_base"]), str(slot["uid_size"])]
+
+
+def _netdev_names(pid):
+    try:
+        with open("/proc/%d/net/dev" % pid) as fh:
+            lines = fh.read().splitlines()[2:]
+    except OSError:
+        return set()
+    return {ln.split(":", 1)[0].strip() for ln in lines if ":" in ln}
+
+
+def _is_mountpoint(path):
+    try:
+        return os.path.ismount(path)
+    except OSError:
+        return False
+
+
+def _ensure_dir(path, mode, uid=None):
+    """Create path (and parents, root-only) if missing; never follow a symlink at the leaf."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, mode=0o755)
+        os.mkdir(path, mode)
+        os.chmod(path, mode)
+        if uid is not None:
+            os.chown(path, uid, uid)
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise SetupError("%s exists and is not a directory" % path)
+
+
+# ---------------------------------------------------------------- launcher
+class Launcher:
+    def __init__(self, policy, verbose=False):
+        self.policy = policy
+        self.verbose = verbose
+        self.stop_signal = None
+        self._wake_r = self._wake_w = None
+        self._old_handlers = {}
+        self._old_wakeup = None
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def debug(self, msg):
+        if self.verbose:
+            log(msg)
+
+    # -- signals --------------------------------------------------------
+    def _on_signal(self, signum, _frame):
+        if self.stop_signal is None:
+            self.stop_signal = signum
+
+    def install_signals(self):
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self._old_handlers[s] = signal.signal(s, self._on_signal)
+
+    def restore_signals(self):
+        for s, h in self._old_handlers.items():
+            signal.signal(s, h)
+        if self._wake_w is not None:
+            signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = None
+
+    def _drain_wakeup(self):
+        try:
+            while os.read(self._wake_r, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+    def sleep(self, seconds, extra_fds=()):
+        """Sleep, returning early on a stop signal or when an fd is readable."""
+        if self.stop_signal is not None:
+            raise Interrupted(self.stop_signal)
+        r, _, _ = select.select([self._wake_r] + list(extra_fds), [], [], max(0.0, seconds))
+        if self._wake_r in r:
+            self._drain_wakeup()
+        if self.stop_signal is not None:
+            raise Interrupted(self.stop_signal)
+        return r
+
+    # -- stale state ----------------------------------------------------
+    def reap(self, slot, scope):
+        """Remove whatever a dead launcher left for this slot (we hold its lock)."""
+        paths = argvmod.cell_paths(self.policy, slot)
+        try:
+            with open(paths["record"]) as fh:
+                rec = json.load(fh)
+            pid = int(rec["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pid = None
+        if pid and _pidns(pid) not in (None, _pidns(os.getpid())) and _uid_map_matches(pid, slot):
+            log("slot %s: killing stale cell (leader pid %d) left by a dead launcher" % (slot["name"], pid))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _unlink(paths["record"])
+        if scope == "standalone":
+            for d in cgroup_dirs_for(slot["name"]):
+                remove_cgroup_tree(d, kill=True)
+        self._wait_ifname_gone(slot)
+        self._remove_runtime_files(slot)
+
+    def _wait_ifname_gone(self, slot, wait=3.0):
+        ifname = slot["host_ifname"]
+        deadline = time.monotonic() + wait
+        while os.path.exists("/sys/class/net/" + ifname):
+            if time.monotonic() > deadline:
+                # Whatever holds it is not a cell of ours any more (a cell's
+                # veth dies with its network namespace): remove it loudly.
+                log("slot %s: deleting leftover interface %s" % (slot["name"], ifname))
+                subprocess.run([self.policy["ip"], "link", "del", ifname], stderr=subprocess.DEVNULL)
+                if os.path.exists("/sys/class/net/" + ifname):
+                    raise SetupError("interface %s exists and cannot be removed" % ifname)
+                return
+            time.sleep(0.01)
+
+    def _remove_runtime_files(self, slot):
+        paths = argvmod.cell_paths(self.policy, slot)
+        _unlink(paths["gate"])
+        if os.path.isdir(paths["net_dir"]) and not os.path.islink(paths["net_dir"]):
+            shutil.rmtree(paths["net_dir"], ignore_errors=True)
+        prop = os.path.join(PROPAGATE_DIR, slot["machine"])
+        if os.path.isdir(prop) and not os.path.islink(prop) and not _is_mountpoint(prop):
+            shutil.rmtree(prop, ignore_errors=True)
+
+    # -- setup ----------------------------------------------------------
+    def prepare(self, slot, shared_network):
+        p = self.policy
+        paths = argvmod.cell_paths(p, slot)
+        state = p["state_dir"]
+        _ensure_dir(state, 0o700)
+        for sub in ("locks", "cells", "net", "gate"):
+            _ensure_dir(os.path.join(state, sub), 0o700)
+        _ensure_dir(paths["workspace"], 0o700, uid=slot["uid_base"])
+        _ensure_dir(paths["agent_state"], 0o700, uid=slot["uid_base"])
+        if not shared_network:
+            servers, search = resolver.host_upstream(p["dns_servers"], p["dns_search"])
+            _ensure_dir(paths["net_dir"], 0o755)
+            _write_atomic(paths["resolv_conf"], resolver.render_resolv_conf(servers, search), 0o644)
+            _write_atomic(paths["hosts"], resolver.render_hosts(slot["machine"], slot["address"]), 0o644)
+        _unlink(paths["gate"])
+        os.mkfifo(paths["gate"], 0o600)
+        os.chmod(paths["gate"], 0o644)  # cell may read (unmapped "other"), never write
+        # O_RDWR never blocks on a FIFO and keeps a writer present, so the
+        # cell's reader blocks in read() until we write "go".
+        return os.open(paths["gate"], os.O_RDWR | os.O_CLOEXEC)
+
+    def spawn(self, argv, cgroup_dirs):
+        parent = os.getpid()
+        libc = self._libc
+        procs_files = [os.path.join(d, "cgroup.procs") for d in cgroup_dirs]
+
+        def child_setup():
+            # nspawn gets SIGTERM if the launcher dies in any way; nspawn
+            # then kills the cell and tears it down (veth included).
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(EXIT_SETUP)
+            for f in procs_files:
+                with open(f, "w") as fh:
+                    fh.write("%d\n" % os.getpid())
+
+        return subprocess.Popen(
+            argv,
+            env=argvmod.nspawn_environment(self.policy),
+            preexec_fn=child_setup,
+            close_fds=True,
+        )
+
+    def wait_leader(self, proc, pidfd, deadline):
+        own = _pidns(os.getpid())
+        while True:
+            for c in _read_children(proc.pid):
+                ns = _pidns(c)
+                if ns is not None and ns != own:
+                    return c
+            if proc.poll() is not None:
+                raise SetupError("systemd-nspawn exited with %d before the cell started" % proc.returncode)
+            if time.monotonic() > deadline:
+                raise SetupError("the cell did not start within %ss" % self.policy["start_timeout"])
+            self.sleep(0.002, [pidfd])
+
+    def configure_network(self, slot, leader, proc, pidfd, deadline):
+        p = self.policy
+        host_if, cell_if = slot["host_ifname"], slot["cell_ifname"]
+        while not (os.path.exists("/sys/class/net/" + host_if) and cell_if in _netdev_names(leader)):
+            if proc.poll() is not None:
+                raise SetupError("systemd-nspawn exited with %d before the veth appeared" % proc.returncode)
+            if time.monotonic() > deadline:
+                raise SetupError("veth %s/%s did not appear within %ss" % (host_if, cell_if, p["start_timeout"]))
+            self.sleep(0.002, [pidfd])
+        plen = slot["prefixlen"]
+        host_cmds = "addr replace %s/%d dev %s\nlink set %s up\n" % (slot["gateway"], plen, host_if, host_if)
+        cell_cmds = (
+            "link set lo up\n"
+            "addr replace %s/%d dev %s\n"
+            "link set %s up\n"
+            "route replace default via %s dev %s\n" % (slot["address"], plen, cell_if, cell_if, slot["gateway"], cell_if)
+        )
+        for what, cmd, data in (
+            ("host side " + host_if, [p["ip"], "-batch", "-"], host_cmds),
+            ("cell side " + cell_if, [p["nsenter"], "-t", str(leader), "-n", p["ip"], "-batch", "-"], cell_cmds),
+        ):
+            r = subprocess.run(cmd, input=data.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            if r.returncode != 0:
+                raise SetupError(
+                    "cannot configure the veth (%s): %s" % (what, r.stdout.decode(errors="replace").strip())
+                )
+
+    def write_record(self, slot, leader):
+        paths = argvmod.cell_paths(self.policy, slot)
+        rec = {
+            "slot": slot["name"],
+            "pid": leader,
+            "uid_base": slot["uid_base"],
+            "uid_size": slot["uid_size"],
+            "started": round(time.time(), 3),
+        }
+        _write_atomic(paths["record"], json.dumps(rec, sort_keys=True) + "\n", 0o600)
+
+    # -- stop -----------------------------------------------------------
+    def stop(self, proc, pidfd, leader):
+        """Orderly stop: SIGTERM the payload, give it stop_grace seconds,
+        then SIGTERM nspawn (which SIGKILLs the cell), then SIGKILL."""
+        if proc.poll() is not None:
+            return
+        payload = _read_children(leader) if leader else []
+        for pid in payload:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for sig, wait in (
+            (None, self.policy["stop_grace"] if payload else 0),
+            (signal.SIGTERM, 5.0),
+            (signal.SIGKILL, 5.0),
+        ):
+            if sig is not None:
+                try:
+                    proc.send_signal(sig)
+                    if sig == signal.SIGKILL and leader:
+                        os.kill(leader, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            end = time.monotonic() + wait
+            while proc.poll() is None and time.monotonic() < end:
+                select.select([pidfd], [], [], max(0.0, end - time.monotonic()))
+            if proc.poll() is not None:
+                return
+
+    # -- the whole run --------------------------------------------------
+    def run(self, command, slot_name=None, timeout=None, shared_network=False):
+        p = self.policy
+        if os.geteuid() != 0:
+            log("run must be started as root (it starts systemd-nspawn)")
+            return EXIT_SETUP
+        if slot_name is not None:
+            slots = [s for s in p["slots"] if s["name"] == slot_name]
+            if not slots:
+                log("no slot named %r in the policy (have: %s)" % (slot_name, ", ".join(s["name"] for s in p["slots"])))
+                return EXIT_CONFIG
+        else:
+            slots = list(p["slots"])
+        scope = resolve_scope(p)
+        wait = p["claim_timeout"] if timeout is None else timeout
+        t0 = time.monotonic()
+        self.install_signals()
+        try:
+            try:
+                locks = [(s["name"], argvmod.cell_paths(p, s)["lock"]) for s in slots]
+                _ensure_dir(p["state_dir"], 0o700)
+                name, held = claimmod.claim_any(locks, wait, sleep=self.sleep)
+            except claimmod.SlotBusy:
+                log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(n for n, _ in locks), wait))
+                return EXIT_BUSY
+            except Interrupted as exc:
+                return 128 + exc.signum
+            slot = next(s for s in slots if s["name"] == name)
+            try:
+                return self._run_claimed(slot, scope, command, shared_network, t0)
+            finally:
+                held.release()
+        finally:
+            self.restore_signals()
+
+    def _run_claimed(self, slot, scope, command, shared_network, t0):
+        p = self.policy
+        proc = pidfd = gate_fd = leader = None
+        cgroups = []
+        rc = EXIT_SETUP
+        gate_open = False
+        try:
+            self.reap(slot, scope)
+            if shared_network:
+                log("slot %s: WARNING: --shared-network: the cell uses the host's network namespace" % slot["name"])
+            gate_fd = self.prepare(slot, shared_network)
+            if scope == "standalone":
+                cgroups = cgroup_dirs_for(slot["name"])
+                for d in cgroups:
+                    os.mkdir(d, 0o755)
+            paths_probed = probe(argvmod.probe_paths(p, slot))
+            facts = argvmod.HostFacts(scope=scope, existing=paths_probed, shared_network=shared_network)
+            argv = argvmod.build_argv(p, slot, command, facts)
+            self.debug("slot %s claimed after %.3fs (scope %s)" % (slot["name"], time.monotonic() - t0, scope))
+            proc = self.spawn(argv, cgroups)
+            pidfd = os.pidfd_open(proc.pid)
+            deadline = time.monotonic() + p["start_timeout"]
+            leader = self.wait_leader(proc, pidfd, deadline)
+            self.write_record(slot, leader)
+            if not shared_network:
+                self.configure_network(slot, leader, proc, pidfd, deadline)
+            os.write(gate_fd, b"go\n")
+            gate_open = True
+            self.debug("slot %s: payload released %.3fs after start" % (slot["name"], time.monotonic() - t0))
+            while proc.poll() is None:
+                self.sleep(3600, [pidfd])
+            rc = proc.returncode
+        except Interrupted as exc:
+            log("slot %s: stopping on signal %d" % (slot["name"], exc.signum))
+            rc = 128 + exc.signum
+        except (SetupError, resolver.ResolverError, OSError) as exc:
+            log("slot %s: %s" % (slot["name"], exc))
+            rc = EXIT_SETUP
+        finally:
+            if proc is not None:
+                self.stop(proc, pidfd, leader)
+            if pidfd is not None:
+                os.close(pidfd)
+            if gate_fd is not None:
+                os.close(gate_fd)
+            _unlink(argvmod.cell_paths(p, slot)["record"])
+            for d in cgroups:
+                remove_cgroup_tree(d, kill=True)
+            try:
+                if not shared_network:
+                    self._wait_ifname_gone(slot)
+            except SetupError as exc:
+                log("slot %s: %s" % (slot["name"], exc))
+                rc = rc or EXIT_SETUP
+            self._remove_runtime_files(slot)
+            self.debug("slot %s: done in %.3fs, exit %d" % (slot["name"], time.monotonic() - t0, rc))
+        return rc

@@ -37,6 +37,7 @@ MAX_GUEST_NAME = 12
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*[a-z0-9]$|^[a-z]$")
 CGROUP_PARENT = "chv-lab"
 PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class LabError(Exception):
@@ -104,13 +105,11 @@ def overlapping_routes(network, routes, own_ifnames):
         dst = r.get("dst")
         if not dst or dst == "default" or ":" in dst or r.get("dev") in own_ifnames:
             continue
-        if r.get("type") in ("broadcast",):
-            continue
         try:
             rnet = ipaddress.IPv4Network(dst, strict=False)
         except ValueError:
             continue
-        if rnet.overlaps(net) and not rnet.is_loopback:
+        if rnet.overlaps(net):
             found.append("%s dev %s" % (dst, r.get("dev", "?")))
     return found
 
@@ -263,6 +262,7 @@ def tail(path, lines=40):
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 16384))
-            return f.read().decode("utf-8", "replace").splitlines()[-lines:]
+            text = ANSI_RE.sub("", f.read().decode("utf-8", "replace"))
+        return [line for line in text.splitlines() if line.strip()][-lines:]
     except OSError:
         return []

@@ -1,0 +1,139 @@
+# chv.fleet: the two entry points are `make demo` and `make test` (README).
+# Everything they need is installed from here: apt packages, a project venv
+# per Python leg with the locked toolchain, the collection installed into a
+# collections path of its own.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ROOT := $(CURDIR)
+PY311 ?= python3
+PY312 ?= $(shell command -v python3.12 2>/dev/null || ls /root/.pyenv/versions/3.12.*/bin/python3.12 2>/dev/null | tail -n1)
+VENV := $(ROOT)/.venv
+VENV312 := $(ROOT)/.venv312
+BUILD := $(ROOT)/build
+# Development collections path: ansible_collections/chv/fleet -> this checkout.
+DEVCOLL := $(BUILD)/dev-collections
+export ANSIBLE_COLLECTIONS_PATH := $(DEVCOLL)
+export ANSIBLE_ROLES_PATH := $(ROOT)/roles
+export ANSIBLE_FORCE_COLOR := 0
+export PY_COLORS := 0
+export ANSIBLE_NOCOLOR := 1
+
+SYS_PACKAGES := systemd-container mmdebstrap nftables iproute2 zstd openssh-client util-linux tar python3-venv
+DEMO_LAB ?= demo
+DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml
+SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+
+.PHONY: help sysdeps venv venv312 devcoll lint sanity units lab-tests molecule test test-leg312 \
+        demo lab-down build install-check bench lock clean
+
+help:
+	@echo "make demo      bring up a lab guest, converge site.yml on it, print a summary"
+	@echo "make test      lint, sanity, unit, lab and Molecule tests (both Python legs)"
+	@echo "make lab-down  destroy the demo lab"
+	@echo "make bench     benchmarks (not tests)"
+
+sysdeps:
+	@missing=""; for p in $(SYS_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
+
+$(VENV)/.stamp: requirements/py311.lock
+	$(PY311) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements/py311.lock
+	touch $@
+
+venv: $(VENV)/.stamp devcoll
+
+$(VENV312)/.stamp: requirements/py312.lock
+	$(PY312) -m venv $(VENV312)
+	$(VENV312)/bin/pip install -q --disable-pip-version-check -r requirements/py312.lock
+	touch $@
+
+venv312: $(VENV312)/.stamp
+
+devcoll:
+	@mkdir -p $(DEVCOLL)/ansible_collections/chv
+	@ln -sfn $(ROOT) $(DEVCOLL)/ansible_collections/chv/fleet
+
+lint: venv
+	PATH=$(VENV)/bin:$$PATH ansible-lint
+
+# ansible-test needs the collection at .../ansible_collections/chv/fleet and a
+# get-pip bootstrap it cannot download here (hack/get_pip_standin.py).
+define sanity_run
+	rm -rf $(BUILD)/sanity-$(1) && mkdir -p $(BUILD)/sanity-$(1)
+	$(2)/bin/ansible-galaxy collection build --force --output-path $(BUILD)/sanity-$(1) $(ROOT) >/dev/null
+	$(2)/bin/ansible-galaxy collection install --force -p $(BUILD)/sanity-$(1)/coll $(BUILD)/sanity-$(1)/chv-fleet-*.tar.gz >/dev/null
+	pipver=$$(grep -o "pip='[0-9.]*'" $(2)/lib/python*/site-packages/ansible_test/_internal/python_requirements.py | head -n1 | cut -d"'" -f2); \
+	  mkdir -p $$HOME/.ansible/test/cache; cp hack/get_pip_standin.py $$HOME/.ansible/test/cache/get_pip_$${pipver//./_}.py
+	cd $(BUILD)/sanity-$(1)/coll/ansible_collections/chv/fleet && git init -q . && git add -A >/dev/null && \
+	  PATH=$(2)/bin:$$PATH ansible-test sanity --python $(1) --color no
+endef
+
+sanity: venv
+	$(call sanity_run,3.11,$(VENV))
+
+units: venv
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider
+
+lab-tests: venv sysdeps
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/lab -q -p no:cacheprovider
+
+molecule: venv sysdeps
+	@for s in $(SCENARIOS); do echo "== molecule test -s $$s"; \
+	  PATH=$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
+
+# The second leg: Python 3.12 with ansible-core 2.21: lint + sanity + units.
+test-leg312:
+	@if [ -z "$(PY312)" ]; then echo "SKIP python3.12 leg: no python3.12 on this machine"; else \
+	  $(MAKE) --no-print-directory venv312 && \
+	  PATH=$(VENV312)/bin:$$PATH ansible-lint && \
+	  $(VENV312)/bin/python -m pytest tests/unit -q -p no:cacheprovider && \
+	  $(MAKE) --no-print-directory sanity312; fi
+
+sanity312: venv312
+	$(call sanity_run,3.12,$(VENV312))
+
+test: sysdeps venv
+	$(MAKE) --no-print-directory lint sanity units lab-tests install-check
+	$(MAKE) --no-print-directory test-leg312
+	$(MAKE) --no-print-directory molecule
+
+build: venv
+	mkdir -p $(BUILD)/dist
+	$(VENV)/bin/ansible-galaxy collection build --force --output-path $(BUILD)/dist $(ROOT)
+
+# The built tarball works once installed into an empty collections path.
+install-check: build
+	rm -rf $(BUILD)/install-check && mkdir -p $(BUILD)/install-check
+	$(VENV)/bin/ansible-galaxy collection install -p $(BUILD)/install-check $(BUILD)/dist/chv-fleet-*.tar.gz
+	cd /tmp && ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check ANSIBLE_ROLES_PATH= $(VENV)/bin/ansible-doc -l chv.fleet
+	cd /tmp && ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check ANSIBLE_ROLES_PATH= $(VENV)/bin/ansible-playbook chv.fleet.site --syntax-check -i localhost,
+
+demo: sysdeps venv
+	PATH=$(VENV)/bin:$$PATH ansible-playbook playbooks/lab_up.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
+	PATH=$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) site.yml | tee $(BUILD)/demo-converge.log
+	$(VENV)/bin/python hack/demo_summary.py $(DEMO_INVENTORY) $(BUILD)/demo-converge.log
+
+lab-down: venv
+	PATH=$(VENV)/bin:$$PATH ansible-playbook playbooks/lab_down.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
+
+bench: venv
+	@for b in bench/*.py; do echo "== $$b"; $(VENV)/bin/python $$b; done
+
+# Regenerate the lock files from requirements/toolchain.in.
+lock:
+	rm -rf $(BUILD)/lock && $(PY311) -m venv $(BUILD)/lock/311
+	$(BUILD)/lock/311/bin/pip install -q -r requirements/toolchain.in
+	$(BUILD)/lock/311/bin/pip freeze --all | grep -v -E '^(pip|setuptools|wheel)==' > requirements/py311.lock
+	$(PY312) -m venv $(BUILD)/lock/312
+	$(BUILD)/lock/312/bin/pip install -q -r requirements/toolchain.in
+	$(BUILD)/lock/312/bin/pip freeze --all | grep -v -E '^(pip|setuptools|wheel)==' > requirements/py312.lock
+
+clean:
+	rm -rf $(BUILD)

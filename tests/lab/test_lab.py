@@ -1,0 +1,136 @@
+"""The lab playbooks for real: bad input fails before touching anything, a
+second lab_up is idempotent, and lab_down leaves no process, veth, cgroup,
+mount, propagate entry or directory behind."""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB_ROOT = "/var/lib/chv-fleet-lab"
+NETWORK = "10.99.30.0/28"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/systemd-nspawn"),
+                                reason="the lab needs root and systemd-nspawn")
+
+
+def playbook(name, *extra):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    cmd = [os.path.join(BIN, "ansible-playbook"),
+           os.path.join(ROOT, "playbooks", name)]
+    for e in extra:
+        cmd += ["-e", e]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    recap = re.search(r"localhost\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
+    out = dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}
+    return proc.returncode, out, proc.stdout + proc.stderr
+
+
+def failure_msgs(raw):
+    return [json.loads(m)["msg"] for m in re.findall(r"^fatal: \[localhost\]: FAILED! => (\{.*\})$", raw, re.M)]
+
+
+def lab_traces(lab):
+    """Everything of a lab that may exist on the host."""
+    traces = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv[0].endswith(b"systemd-nspawn") and any(a.startswith(("%s/%s/" % (LAB_ROOT, lab)).encode())
+                                                          for a in argv):
+                traces.append("process %s" % pid)
+    traces += ["veth " + p for p in glob.glob("/sys/class/net/ve-%s*" % lab)]
+    traces += ["cgroup " + p for p in glob.glob("/sys/fs/cgroup/*/chv-lab/%s-*" % lab)]
+    traces += ["cgroup " + p for p in glob.glob("/sys/fs/cgroup/chv-lab/%s-*" % lab)]
+    traces += ["propagate " + p for p in glob.glob("/run/systemd/nspawn/propagate/%s*" % lab)]
+    with open("/proc/self/mountinfo") as f:
+        traces += ["mount " + line.split()[4] for line in f if "%s/%s" % (LAB_ROOT, lab) in line.split()[4]]
+    if os.path.exists(os.path.join(LAB_ROOT, lab)):
+        traces.append("directory " + os.path.join(LAB_ROOT, lab))
+    return traces
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["lab_count=0"], "lab_count 0"),
+    (["lab_count=abc"], "lab_count"),
+    (["lab_name=Bad_Name"], "'Bad_Name'"),
+    (["lab_name=averyverylongname"], "'averyverylongname' is 17 characters"),
+    (["lab_name=abcdefghijkl"], "'abcdefghijkl1' is 13 characters"),
+    (["lab_distro=sid"], "'sid'"),
+    (["lab_network=10.99.30.0/31"], "smaller than one /30"),
+    (["lab_network=not-a-net"], "'not-a-net'"),
+    (["lab_network=127.0.0.0/24"], "overlaps routes"),
+])
+def test_bad_input_fails_before_touching_anything(extra, needle):
+    before = set(os.listdir(LAB_ROOT)) if os.path.isdir(LAB_ROOT) else set()
+    rc, out, raw = playbook("lab_up.yml", "lab_name=lbad", *extra) if not any(
+        e.startswith("lab_name=") for e in extra) else playbook("lab_up.yml", *extra)
+    assert rc != 0
+    assert any(needle in m for m in failure_msgs(raw)), raw[-2000:]
+    after = set(os.listdir(LAB_ROOT)) if os.path.isdir(LAB_ROOT) else set()
+    assert after == before
+    assert out.get("changed", 0) == 0
+
+
+def test_lab_up_is_idempotent_and_lab_down_leaves_nothing():
+    lab = "ltest"
+    args = ["lab_name=" + lab, "lab_count=4", "lab_network=" + NETWORK]
+    playbook("lab_down.yml", *args)
+    try:
+        start = time.monotonic()
+        rc, out, raw = playbook("lab_up.yml", *args)
+        up_seconds = time.monotonic() - start
+        assert rc == 0, raw[-3000:]
+        print("4-guest lab_up: %.1f s" % up_seconds)
+        inventory = os.path.join(LAB_ROOT, lab, "inventory.yml")
+        assert os.path.exists(inventory)
+        # every guest answers over SSH as a running systemd machine
+        ping = subprocess.run([os.path.join(BIN,
+                                            "ansible"), "-i", inventory, "all", "-m", "command",
+                               "-a", "systemctl is-system-running"],
+                              capture_output=True, text=True, timeout=120)
+        assert ping.stdout.count("running") >= 4, ping.stdout + ping.stderr
+        rc, out, raw = playbook("lab_up.yml", *args)
+        assert rc == 0 and out["changed"] == 0, raw[-3000:]
+        assert len([t for t in lab_traces(lab) if t.startswith("process")]) == 4
+    finally:
+        rc, out, raw = playbook("lab_down.yml", *args)
+    assert rc == 0, raw[-3000:]
+    assert lab_traces(lab) == []
+
+
+def test_guest_that_fails_to_boot_is_reported_and_removed(tmp_path):
+    """A root file system without an init cannot boot: the module fails with
+    the console's tail and removes every trace of the guest."""
+    lab = "lboot"
+    lab_dir = os.path.join(LAB_ROOT, lab)
+    broken = tmp_path / "broken.tar.zst"
+    subprocess.run(["bash", "-c", "mkdir -p %s/r/etc/ssh %s/r/root && tar --zstd -cf %s -C %s/r ."
+                    % (tmp_path, tmp_path, broken, tmp_path)], check=True)
+    proc = subprocess.run(
+        [os.path.join(BIN, "ansible"), "localhost", "-m", "chv.fleet.lab_guest", "-a", json.dumps(dict(
+            name=lab + "1", lab=lab, lab_dir=lab_dir, image=str(broken), address="10.99.31.2",
+            host_address="10.99.31.1", authorized_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 lab", boot_timeout=5))],
+        capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1"), timeout=120)
+    try:
+        assert proc.returncode != 0
+        result = json.loads(proc.stdout.split("=>", 1)[1])
+        assert "failed to boot" in result["msg"], result
+        assert result["console_tail"], result
+        assert result["left_behind"] == []
+        assert [t for t in lab_traces(lab) if not t.startswith("directory")] == []
+        assert not os.path.exists(os.path.join(lab_dir, lab + "1"))
+    finally:
+        subprocess.run(["rm", "-rf", lab_dir])

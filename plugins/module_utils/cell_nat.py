@@ -532,16 +532,18 @@ def plan(params, interfaces, route_json, prefix="cell_nat_"):
         if addr in LINK_LOCAL:
             raise CellNatError("%s[%d]: %s is link-local" % (_label(prefix, "dns_resolvers"), idx, addr))
         resolvers.append(addr)
-    for key in ("ratelimit", "ratelimit_burst"):
-        value = params.get(key) or 0
+    ratelimit = params.get("ratelimit") or 0
+    burst = params.get("ratelimit_burst")
+    burst = 10 if burst is None else burst
+    for key, value in (("ratelimit", ratelimit), ("ratelimit_burst", burst)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise CellNatError("%s: %r must be a non-negative integer" % (_label(prefix, key), value))
-    if params.get("ratelimit") and not params.get("ratelimit_burst"):
+    if ratelimit and not burst:
         raise CellNatError("%s: must be at least 1 when %s is set" % (
             _label(prefix, "ratelimit_burst"), _label(prefix, "ratelimit")))
     uplink, source = resolve_uplink(params.get("uplink"), route_json, interfaces, _label(prefix, "uplink"),
                                     [s["host_ifname"] for s in slots])
     data = build_ruleset(slots, uplink, allow, deny, resolvers, params.get("dns_via_gateway"),
-                         params.get("ratelimit") or 0, params.get("ratelimit_burst") or 1)
+                         ratelimit, burst or 1)
     data["uplink_source"] = source
     return data

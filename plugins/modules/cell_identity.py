@@ -12,7 +12,7 @@ module: cell_identity
 short_description: Allocate and release permanent identities for cell slots
 version_added: 0.1.0
 description:
-  - Gives each cell slot of a host a permanent identity: slot index, machine name, host-side
+  - Gives each cell slot of a host a permanent identity, made of slot index, machine name, host-side
     veth name (at most 15 bytes), cell-side interface name, subnet with gateway and cell address
     from the host's pool, and a UID range for the cell's user namespace.
   - Identities are kept in a JSON ledger on the target (by default

@@ -59,7 +59,7 @@ ALLOWED_NSPAWN_ENV = frozenset(
 DEFAULTS = {
     "version": POLICY_VERSION,
     "nspawn": "/usr/bin/systemd-nspawn",
-    "ip": "/usr/sbin/ip",
+    "ip": "/usr/bin/ip",
     "nsenter": "/usr/bin/nsenter",
     "state_dir": "/run/chv-fleet",
     "workspace_root": "/var/lib/chv-fleet/workspaces",

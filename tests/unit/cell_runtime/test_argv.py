@@ -1,0 +1,194 @@
+import copy
+import shlex
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chv_cell import argv as argvmod
+from chv_cell import cli
+from chv_cell import policy as policymod
+from conftest import BASE_POLICY
+
+NONE = frozenset()
+
+
+def facts(existing=NONE, scope="standalone", shared=False):
+    return argvmod.HostFacts(scope=scope, existing=frozenset(existing), shared_network=shared)
+
+
+def build(policy, slot=0, cmd=("true",), **kw):
+    return argvmod.build_argv(policy, policy["slots"][slot], list(cmd), facts(**kw))
+
+
+def opts(argv):
+    """Options before the `--` that ends nspawn's options."""
+    return argv[: argv.index("--")]
+
+
+def test_core_flags(policy):
+    a = opts(build(policy))
+    for flag in (
+        "--directory=/",
+        "--volatile=yes",
+        "--as-pid2",
+        "--pipe",
+        "--quiet",
+        "--machine=lt-slot0",
+        "--register=no",
+        "--keep-unit",
+        "--private-users=3000000:65536",
+        "--private-users-ownership=off",
+        "--no-new-privileges=yes",
+        "--system-call-filter=~io_uring_enter io_uring_register io_uring_setup",
+        "--link-journal=no",
+        "--resolv-conf=off",
+        "--bind-ro=/etc",
+        "--tmpfs=/tmp:mode=1777",
+        "--setenv=CHV_CELL=1",
+        "--setenv=CHV_SLOT=slot0",
+        "--private-network",
+        "--network-veth-extra=lth0:eth0",
+        "--chdir=/workspace",
+        "--property=MemoryMax=2G",
+        "--property=TasksMax=512",
+        "--rlimit=RLIMIT_NOFILE=4096:8192",
+    ):
+        assert flag in a, flag
+    caps = next(x for x in a if x.startswith("--drop-capability="))
+    assert set(caps.split("=", 1)[1].split(",")) >= {
+        "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_NET_ADMIN", "CAP_NET_RAW",
+        "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_BOOT", "CAP_MKNOD",
+    }
+
+
+def test_slot_identity_flows_in(policy):
+    a = opts(build(policy, slot=1))
+    assert "--private-users=3065536:65536" in a
+    assert "--network-veth-extra=lth1:eth0" in a
+    assert "--machine=lt-slot1" in a
+    assert "--bind=/nonexistent/ws/slot1:/workspace" in a
+    assert "--bind=/nonexistent/state/slot1:/root" in a
+    assert "--bind-ro=/run/chv-fleet-unit/net/slot1/resolv.conf:/etc/resolv.conf" in a
+    assert "--bind-ro=/run/chv-fleet-unit/net/slot1/hosts:/etc/hosts" in a
+    assert "--bind-ro=/run/chv-fleet-unit/gate/slot1:/run/chv-gate" in a
+
+
+def test_command_runs_behind_gate(policy):
+    a = build(policy, cmd=["sh", "-c", "echo 'x y'", "--weird"])
+    tail = a[a.index("--") + 1:]
+    assert tail[:2] == ["/bin/sh", "-c"]
+    assert "read -r g < /run/chv-gate" in tail[2] and 'exec "$@"' in tail[2]
+    assert tail[3:] == ["chv-gate", "sh", "-c", "echo 'x y'", "--weird"]
+
+
+def test_state_dir_itself_never_bound(policy):
+    """Only the three per-cell files are bound out of the state dir, read-only."""
+    for x in opts(build(policy)):
+        if "/run/chv-fleet-unit" in x:
+            assert x.startswith("--bind-ro=/run/chv-fleet-unit/")
+            src = x.split("=", 1)[1].split(":")[0]
+            assert src.rsplit("/", 1)[1] in ("resolv.conf", "hosts", "slot0")
+
+
+def test_optional_binds_only_when_present(policy):
+    assert not any(x.startswith("--bind-ro=/app") for x in build(policy))
+    a = build(policy, existing={"/app"})
+    assert "--bind-ro=/app" in a
+
+
+def test_inaccessible_only_for_visible_existing_paths(policy):
+    # nothing exists: nspawn would fail on a missing --inaccessible path
+    assert not any(x.startswith("--inaccessible") for x in build(policy))
+    a = build(policy, existing={"/etc/chv", "/usr/lib/chromium", "/opt/chv-browser", "/root/.git-credentials"})
+    hidden = [x.split("=", 1)[1] for x in a if x.startswith("--inaccessible=")]
+    # /opt and the host's /root are not in the cell at all (volatile root):
+    # nothing to hide, and nspawn would refuse the path.
+    assert hidden == ["/etc/chv", "/usr/lib/chromium"]
+
+
+def test_inaccessible_follows_binds(policy):
+    # /root in the cell is the slot's agent state dir, so a credential file
+    # there is hidden when it exists in that dir (and only then).
+    a = build(policy, existing={"/nonexistent/state/slot0/.git-credentials"})
+    assert "--inaccessible=/root/.git-credentials" in a
+
+
+def test_inaccessible_after_binds(policy):
+    a = build(policy, existing={"/etc/chv"})
+    assert a.index("--inaccessible=/etc/chv") > a.index("--bind-ro=/etc")
+
+
+def test_host_path_of(policy):
+    s = policy["slots"][0]
+    assert argvmod.host_path_of("/etc/chv/x", policy, s) == "/etc/chv/x"
+    assert argvmod.host_path_of("/workspace/a", policy, s) == "/nonexistent/ws/slot0/a"
+    assert argvmod.host_path_of("/opt/x", policy, s) is None
+    assert argvmod.host_path_of("/etc/ssl/certs/a.pem", policy, s) == "/etc/ssl/certs/a.pem"
+    # an optional bind that is not mounted does not shadow anything
+    assert argvmod.host_path_of("/app/x", policy, s, existing=frozenset()) is None
+    assert argvmod.host_path_of("/app/x", policy, s, existing=frozenset({"/app"})) == "/app/x"
+
+
+def test_shared_network_is_explicit(policy):
+    a = opts(build(policy, shared=True))
+    assert "--private-network" not in a
+    assert not any("network-veth" in x for x in a)
+    assert not any(x.endswith(":/etc/resolv.conf") for x in a)
+    assert "--network-veth-extra=lth0:eth0" in opts(build(policy, shared=False))
+
+
+def test_systemd_scope(policy):
+    a = opts(build(policy, scope="systemd"))
+    assert "--keep-unit" not in a and "--register=no" in a
+    policy["register"] = True
+    assert "--register=yes" in opts(build(policy, scope="systemd"))
+    # without systemd there is no machined to register with
+    assert "--register=no" in opts(build(policy, scope="standalone"))
+
+
+def test_setenv_cannot_override_cell_marker(policy):
+    policy["setenv"] = {"CHV_SLOT": "other", "FOO": "bar"}
+    a = build(policy)
+    assert "--setenv=CHV_SLOT=slot0" in a and "--setenv=FOO=bar" in a
+    assert "--setenv=CHV_SLOT=other" not in a
+
+
+def test_pure_and_deterministic(policy):
+    assert build(policy, existing={"/etc/chv"}) == build(policy, existing={"/etc/chv"})
+
+
+def test_empty_command_refused(policy):
+    with pytest.raises(ValueError):
+        build(policy, cmd=[])
+
+
+def test_nspawn_environment_is_clean(policy, monkeypatch):
+    monkeypatch.setenv("SYSTEMD_NSPAWN_API_VFS_WRITABLE", "1")
+    env = argvmod.nspawn_environment(policy)
+    assert set(env) == {"PATH", "LANG"}
+    policy["nspawn_environment"] = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+    assert argvmod.nspawn_environment(policy)["SYSTEMD_NSPAWN_UNIFIED_HIERARCHY"] == "1"
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), min_size=0,
+                        max_size=20), min_size=1, max_size=8))
+def test_any_command_is_passed_verbatim(cmd):
+    policy = policymod.merged(copy.deepcopy(BASE_POLICY))
+    a = argvmod.build_argv(policy, policy["slots"][0], cmd, facts())
+    assert a[-len(cmd):] == cmd
+    assert a[a.index("--") + 5:] == cmd
+
+
+def test_argv_command_prints_shell_line(tmp_path, raw_policy, capsys):
+    import json
+
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(raw_policy))
+    assert cli.main(["--policy", str(p), "argv", "--slot", "slot1", "--", "echo", "a b"]) == 0
+    out = capsys.readouterr().out
+    words = shlex.split(out.replace("\\\n", " "))
+    assert words[0] == "/usr/bin/systemd-nspawn"
+    assert "--network-veth-extra=lth1:eth0" in words
+    assert words[-2:] == ["echo", "a b"]
+    assert cli.main(["--policy", str(p), "argv", "--slot", "nope", "--", "true"]) == 78

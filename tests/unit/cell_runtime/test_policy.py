@@ -1,0 +1,156 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chv_cell import cli
+from chv_cell import policy as policymod
+import copy
+
+from conftest import BASE_POLICY, ENTRY, make_slot
+
+
+def errors_of(p):
+    return "\n".join(policymod.validate(p))
+
+
+def test_base_policy_valid(raw_policy):
+    assert policymod.validate(raw_policy) == []
+
+
+def test_defaults_alone_need_slots():
+    assert "slots" in errors_of({"version": 1})
+
+
+def test_merged_fills_defaults(raw_policy):
+    raw_policy.pop("tmpfs", None)
+    m = policymod.merged(raw_policy)
+    assert m["tmpfs"] == ["/tmp"]
+    assert m["no_new_privileges"] is True
+    assert set(m["drop_capabilities"]) >= policymod.REQUIRED_DROPPED_CAPS
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda p: p.update(version=2), "version"),
+        (lambda p: p.update(bogus=1), "unknown keys: bogus"),
+        (lambda p: p.update(drop_capabilities=["CAP_SYS_ADMIN"]), "must include CAP_MKNOD"),
+        (lambda p: p.update(drop_capabilities=sorted(policymod.REQUIRED_DROPPED_CAPS) + ["CAP_FOO"]), "unknown capability"),
+        (lambda p: p.update(syscall_deny=["io_uring_setup"]), "must include io_uring_enter"),
+        (lambda p: p.update(syscall_deny=sorted(policymod.REQUIRED_DENIED_SYSCALLS) + ["@mount"]), "groups only widen"),
+        (lambda p: p.update(no_new_privileges=False), "always run with no_new_privileges"),
+        (lambda p: p.update(scope="docker"), "scope"),
+        (lambda p: p.update(inaccessible=["relative/path"]), "inaccessible"),
+        (lambda p: p.update(readonly_binds=[{"source": "/run/chv-fleet", "target": "/x"}]), "would expose /run/chv-fleet"),
+        (lambda p: p.update(readonly_binds=[{"source": "/run", "target": "/x"}]), "would expose /run/chv-fleet"),
+        (lambda p: p.update(readonly_binds=[{"source": "/etc", "target": "/x"}]), "would expose /etc/chv"),
+        (lambda p: p.update(readonly_binds=[{"source": "/srv/a:b", "target": "/x"}]), "without ':'"),
+        (lambda p: p.update(readonly_binds=[{"source": "/srv/a", "target": "/usr"}]), "system tree"),
+        (lambda p: p.update(readonly_binds=[{"source": "/srv/a", "target": "/x", "mode": 1}]), "unknown keys"),
+        (lambda p: p.update(writable_binds=[{"source": "/home", "target": "/home"}]), "must not be writable"),
+        (lambda p: p.update(workspace_mount="/usr"), "workspace_mount"),
+        (lambda p: p.update(workspace_root="/run/chv-fleet-unit/ws"), "must not overlap state_dir"),
+        (lambda p: p.update(setenv={"CHV_CELL": "0"}), "CHV_CELL is always 1"),
+        (lambda p: p.update(setenv={"BAD-NAME": "x"}), "not a valid environment"),
+        (lambda p: p.update(setenv={"A": "x\ny"}), "single-line"),
+        (lambda p: p.update(properties={"memorymax": "1G"}), "not a valid unit property"),
+        (lambda p: p.update(nspawn_environment={"SYSTEMD_NSPAWN_API_VFS_WRITABLE": "1"}), "is not allowed"),
+        (lambda p: p.update(rlimits={"NOFILES": "1"}), "unknown limit"),
+        (lambda p: p.update(rlimits={"NOFILE": "lots"}), "must be N, infinity"),
+        (lambda p: p.update(dns_servers=["127.0.0.53"]), "not reachable from a cell"),
+        (lambda p: p.update(dns_servers=["dns.example"]), "not an IP address"),
+        (lambda p: p.update(claim_timeout=-1), "claim_timeout"),
+        (lambda p: p.update(start_timeout=True), "start_timeout"),
+        (lambda p: p.update(slots=[]), "non-empty list"),
+        (lambda p: p["slots"][0].pop("gateway"), "missing gateway"),
+        (lambda p: p["slots"][0].update(uid_base="1000"), "wrong type for uid_base"),
+        (lambda p: p["slots"][0].update(uid_base=0), "cell root must never be host root"),
+        (lambda p: p["slots"][0].update(host_ifname="a-very-long-ifname"), "1-15 characters"),
+        (lambda p: p["slots"][0].update(cell_ifname="lo"), "must not be lo"),
+        (lambda p: p["slots"][1].update(host_ifname="lth0"), "host_ifname 'lth0' also used"),
+        (lambda p: p["slots"][1].update(name="slot0"), "name 'slot0' also used"),
+        (lambda p: p["slots"][0].update(machine="bad_name"), "not a valid machine name"),
+        (lambda p: p["slots"][0].update(prefixlen=16), "does not match subnet"),
+        (lambda p: p["slots"][0].update(address="10.231.99.2"), "not a host address"),
+        (lambda p: p["slots"][0].update(address="10.231.10.1"), "gateway and address are both"),
+        (lambda p: p["slots"][0].update(gateway="10.231.10.0"), "not a host address"),
+        (lambda p: p["slots"][1].update(subnet="10.231.10.0/23", prefixlen=23, gateway="10.231.10.1",
+                                        address="10.231.11.2"), "overlaps"),
+        (lambda p: p["slots"][1].update(uid_base=3000000 + 1000), "overlap partially"),
+        (lambda p: p["slots"][0].update(subnet="127.0.0.0/24", gateway="127.0.0.1", address="127.0.0.2"), "not usable"),
+    ],
+)
+def test_rejects(raw_policy, mutate, expected):
+    mutate(raw_policy)
+    errs = errors_of(raw_policy)
+    assert expected in errs, errs
+
+
+def test_shared_uid_mode_is_valid(raw_policy):
+    for s in raw_policy["slots"]:
+        s["uid_base"], s["uid_size"] = 1000, 65536
+    assert policymod.validate(raw_policy) == []
+
+
+def test_slot_placeholder_in_binds(raw_policy):
+    raw_policy["readonly_binds"].append({"source": "/run/chv/shots/{slot}", "target": "/run/chv/shots/{slot}", "optional": True})
+    assert policymod.validate(raw_policy) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(min_value=1, max_value=12), third=st.integers(min_value=0, max_value=200),
+       shift=st.integers(min_value=1, max_value=1000))
+def test_generated_slot_tables_valid(n, third, shift):
+    raw_policy = copy.deepcopy(BASE_POLICY)
+    raw_policy["slots"] = [make_slot(i, base=third % 40, uid_base=shift * 65536 + i * 65536) for i in range(n)]
+    assert policymod.validate(raw_policy) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(min_value=2, max_value=6), a=st.integers(0, 5), b=st.integers(0, 5))
+def test_duplicate_subnets_always_rejected(n, a, b):
+    raw_policy = copy.deepcopy(BASE_POLICY)
+    raw_policy["slots"] = [make_slot(i) for i in range(n)]
+    a, b = a % n, b % n
+    if a == b:
+        return
+    for k in ("subnet", "gateway", "address"):
+        raw_policy["slots"][b][k] = raw_policy["slots"][a][k]
+    assert "overlaps" in errors_of(raw_policy)
+
+
+def test_load_reports_unreadable_and_bad_json(tmp_path):
+    with pytest.raises(policymod.PolicyError) as e:
+        policymod.load(str(tmp_path / "missing.json"))
+    assert "cannot read" in str(e.value)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(policymod.PolicyError) as e:
+        policymod.load(str(bad))
+    assert "not valid JSON" in str(e.value)
+
+
+def test_validate_policy_command(tmp_path, raw_policy, capsys):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(raw_policy))
+    assert cli.main(["validate-policy", str(good)]) == 0
+    raw_policy["slots"][0]["uid_base"] = 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw_policy))
+    assert cli.main(["validate-policy", str(bad)]) == 78
+    assert "cell root must never be host root" in capsys.readouterr().err
+
+
+def test_entry_script_runs_isolated(tmp_path, raw_policy):
+    """The installed entry point (python3 -I) finds its package by realpath."""
+    good = tmp_path / "p.json"
+    good.write_text(json.dumps(raw_policy))
+    link = tmp_path / "chv-cell"
+    link.symlink_to(ENTRY)
+    r = subprocess.run([sys.executable, "-I", str(link), "validate-policy", str(good)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "valid, 2 slot(s)" in r.stdout

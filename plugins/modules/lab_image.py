@@ -20,11 +20,13 @@ description:
     a matching entry is reused without touching the network.
   - Part of the local test lab (C(chv.fleet.lab_up)); runs on the lab host.
 author:
-  - chv.fleet maintainers
+  - chv.fleet maintainers (@chv-fleet)
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying the host.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 options:
   distro:

@@ -21,11 +21,13 @@ description:
     lab host that does not belong to this lab's own guests.
   - Changes nothing; the first step of C(chv.fleet.lab_up).
 author:
-  - chv.fleet maintainers
+  - chv.fleet maintainers (@chv-fleet)
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying the host.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 options:
   lab_name:

@@ -250,6 +250,11 @@ def main():
     except ValueError as exc:
         module.fail_json(msg="cannot parse ip -j route output: %s" % exc)
 
+    if data["allow_mode"] and not data["dns_resolvers"] and not data["dns_via_gateway"]:
+        module.warn("%segress_allow is set but no DNS resolver is listed (%sdns_resolvers) and "
+                    "%sdns_via_gateway is off: cells can resolve names only through an allow entry "
+                    "that covers their resolvers" % (prefix, prefix, prefix))
+
     conflicts, messages = [], []
     nft = module.get_bin_path("nft")
     if nft:

@@ -58,3 +58,9 @@ def policy(raw_policy):
 
     assert policymod.validate(raw_policy) == []
     return policymod.merged(raw_policy)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cells: runs real systemd-nspawn cells on this machine (root, nspawn, ip, nsenter needed)"
+    )

@@ -23,6 +23,7 @@ EXIT_BUSY = 75  # EX_TEMPFAIL: every candidate slot stayed busy until the timeou
 EXIT_CONFIG = 78  # EX_CONFIG: the policy file is unusable
 
 PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
+INACCESSIBLE_DIR = "/run/systemd/inaccessible"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -125,6 +126,47 @@ def remove_cgroup_tree(top, kill=False, wait=2.0):
                 if exc.errno != errno.EBUSY:
                     break
                 time.sleep(0.02)
+
+
+def ensure_inaccessible_nodes(base=INACCESSIBLE_DIR):
+    """nspawn's --inaccessible= over-mounts the path with the host's
+    /run/systemd/inaccessible/<type> node.  systemd (PID 1) creates those at
+    boot; on hosts where systemd is not PID 1 they are missing and the cell
+    fails to start, so create the same mode-0000 nodes if they are absent."""
+    if os.path.isdir(base) and os.path.exists(os.path.join(base, "reg")):
+        return
+    os.makedirs(base, mode=0o755, exist_ok=True)
+    old = os.umask(0o777)
+    try:
+        makers = (
+            ("reg", lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))),
+            ("dir", lambda p: os.mkdir(p, 0)),
+            ("fifo", lambda p: os.mkfifo(p, 0)),
+            ("chr", lambda p: os.mknod(p, stat.S_IFCHR, os.makedev(0, 0))),
+            ("blk", lambda p: os.mknod(p, stat.S_IFBLK, os.makedev(0, 0))),
+        )
+        for name, make in makers:
+            path = os.path.join(base, name)
+            if not os.path.lexists(path):
+                try:
+                    make(path)
+                except OSError as exc:
+                    if name in ("reg", "dir"):
+                        raise SetupError("cannot create %s: %s" % (path, exc.strerror))
+    finally:
+        os.umask(old)
+    sock = os.path.join(base, "sock")
+    if not os.path.lexists(sock):
+        import socket
+
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.bind(sock)
+            os.chmod(sock, 0)
+        except OSError:
+            pass
+        finally:
+            s.close()
 
 
 # ---------------------------------------------------------------- helpers
@@ -280,17 +322,16 @@ class Launcher:
         self._remove_runtime_files(slot)
 
     def _wait_ifname_gone(self, slot, wait=3.0):
+        """A cell's veth dies with its network namespace, a moment after the
+        cell.  One that stays is not ours to delete: fail loudly instead."""
         ifname = slot["host_ifname"]
         deadline = time.monotonic() + wait
         while os.path.exists("/sys/class/net/" + ifname):
             if time.monotonic() > deadline:
-                # Whatever holds it is not a cell of ours any more (a cell's
-                # veth dies with its network namespace): remove it loudly.
-                log("slot %s: deleting leftover interface %s" % (slot["name"], ifname))
-                subprocess.run([self.policy["ip"], "link", "del", ifname], stderr=subprocess.DEVNULL)
-                if os.path.exists("/sys/class/net/" + ifname):
-                    raise SetupError("interface %s exists and cannot be removed" % ifname)
-                return
+                raise SetupError(
+                    "interface %s still exists (a cell outside this launcher's control, or a foreign "
+                    "interface): not touching it; inspect with 'ip link show %s'" % (ifname, ifname)
+                )
             time.sleep(0.01)
 
     def _remove_runtime_files(self, slot):
@@ -480,6 +521,8 @@ class Launcher:
             paths_probed = probe(argvmod.probe_paths(p, slot))
             facts = argvmod.HostFacts(scope=scope, existing=paths_probed, shared_network=shared_network)
             argv = argvmod.build_argv(p, slot, command, facts)
+            if any(a.startswith("--inaccessible=") for a in argv):
+                ensure_inaccessible_nodes()
             self.debug("slot %s claimed after %.3fs (scope %s)" % (slot["name"], time.monotonic() - t0, scope))
             proc = self.spawn(argv, cgroups)
             pidfd = os.pidfd_open(proc.pid)

@@ -1,0 +1,166 @@
+"""chv.fleet.cell_runtime on a converged guest: real cells through `chv-cell run`.
+
+Each negative check sits beside its positive control in the same cell.
+The cell's gateway is proven reachable twice: at L2 (the gateway's neighbour
+entry resolves inside the cell) and through it (TCP to a listener on the lab
+host, the guest's own default gateway, via the cell_nat masquerade).
+"""
+
+import json
+import socket
+import threading
+
+import pytest
+
+POLICY = "/etc/chv-fleet/cell-policy.json"
+CAPS = {"CAP_NET_ADMIN": 12, "CAP_NET_RAW": 13, "CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17,
+        "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_SYS_BOOT": 22, "CAP_MKNOD": 27}
+
+PROBE = r'''
+import ctypes, errno, json, os, socket, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def attempt(key, fn):
+    try:
+        fn(); out[key] = "ok"
+    except OSError as e:
+        out[key] = errno.errorcode.get(e.errno, str(e.errno))
+def rd(p):
+    with open(p) as fh: return fh.read()
+def wr(p):
+    with open(p, "w") as fh: fh.write("x")
+out["uid"] = os.getuid()
+out["uid_map"] = rd("/proc/self/uid_map").split()
+st = dict(l.split(":", 1) for l in rd("/proc/self/status").splitlines() if ":" in l)
+for k in ("CapEff", "CapBnd", "NoNewPrivs"): out[k] = st[k].strip()
+r = libc.syscall(425, 8, ctypes.create_string_buffer(120)); out["io_uring_setup"] = "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+r = libc.syscall(39); out["getpid"] = "ok" if r == os.getpid() else "bad"
+attempt("read_etc_chv", lambda: rd("/etc/chv/molecule-secret"))
+attempt("read_credentials", lambda: rd("/root/.git-credentials"))
+attempt("read_ordinary", lambda: rd("/root/ordinary.txt"))
+attempt("read_etc", lambda: rd("/etc/os-release"))
+attempt("write_usr", lambda: wr("/usr/chv-molecule"))
+attempt("write_workspace", lambda: wr("/workspace/probe.txt"))
+gw = sys.argv[1]
+try:
+    s = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=5)
+    out["via_gateway"] = s.recv(16).decode()
+except OSError as e:
+    out["via_gateway"] = "error: %s" % e
+out["neigh"] = subprocess.run(["ip", "neigh", "show", gw], capture_output=True, text=True).stdout
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def policy(host):
+    with host.sudo():
+        return json.loads(host.file(POLICY).content_string)
+
+
+def test_policy_valid_and_launcher_on_path(host):
+    with host.sudo():
+        r = host.run("chv-cell validate-policy")
+    assert r.rc == 0, r.stderr
+    assert host.file("/usr/local/bin/chv-cell").is_symlink
+
+
+@pytest.mark.parametrize("path,mode", [("/etc/chv", 0o700), ("/run/chv-fleet", 0o700), ("/run/chv", 0o755),
+                                       ("/etc/chv-fleet/cell-policy.json", 0o644)])
+def test_paths(host, path, mode):
+    with host.sudo():
+        f = host.file(path)
+        assert f.exists and f.user == "root" and f.mode == mode
+
+
+def test_workspaces_belong_to_cell_root(host, policy):
+    with host.sudo():
+        for s in policy["slots"]:
+            f = host.file("%s/%s" % (policy["workspace_root"], s["name"]))
+            assert f.is_directory and f.uid == s["uid_base"] and f.mode == 0o700
+
+
+def _lab_host_address(host):
+    return host.run("ip -4 route show default").stdout.split()[2]
+
+
+def test_isolation_each_beside_its_control(host, policy):
+    s0 = policy["slots"][0]
+    state = "%s/%s" % (policy["agent_state_root"], s0["name"])
+    lab = _lab_host_address(host)
+    srv = socket.socket()
+    srv.bind((lab, 0))  # the controller is the lab host: a listener beyond the gateway + NAT
+    srv.listen(1)
+    srv.settimeout(30)
+
+    def serve():
+        try:
+            c, _ = srv.accept()
+            c.sendall(b"hello")
+            c.close()
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    with host.sudo():
+        host.run("install -m 0600 /dev/null /etc/chv/molecule-secret && echo s > /etc/chv/molecule-secret")
+        host.run("echo cred > %s/.git-credentials && chmod 0644 %s/.git-credentials" % (state, state))
+        host.run("echo plain > %s/ordinary.txt && chmod 0644 %s/ordinary.txt" % (state, state))
+        host.run("cat > /tmp/chv-probe.py <<'EOF'\n%s\nEOF" % PROBE)
+        r = host.run("chv-cell run --slot %s -- python3 -I -c \"$(cat /tmp/chv-probe.py)\" %s %s %d"
+                     % (s0["name"], s0["gateway"], lab, srv.getsockname()[1]))
+    srv.close()
+    assert r.rc == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["uid"] == 0 and p["uid_map"][:2] == ["0", str(s0["uid_base"])] and s0["uid_base"] > 0
+    assert p["read_etc_chv"] == "EACCES" and p["read_credentials"] == "EACCES"
+    assert p["read_ordinary"] == "ok" and p["read_etc"] == "ok"
+    assert p["write_usr"] in ("EROFS", "EACCES") and p["write_workspace"] == "ok"
+    assert p["io_uring_setup"] == "EPERM" and p["getpid"] == "ok"
+    eff, bnd = int(p["CapEff"], 16), int(p["CapBnd"], 16)
+    for cap, bit in CAPS.items():
+        assert not eff & (1 << bit) and not bnd & (1 << bit), cap
+    assert eff & 1  # CAP_CHOWN, not dropped: the control
+    assert p["NoNewPrivs"] == "1"
+    assert "lladdr" in p["neigh"], p["neigh"]
+    assert p["via_gateway"] == "hello"
+
+
+def test_hundred_consecutive_runs(host):
+    with host.sudo():
+        r = host.run("for i in $(seq 100); do chv-cell run -- true || exit $?; done")
+    assert r.rc == 0, r.stderr
+
+
+def test_all_slots_at_once_then_one_more(host, policy):
+    n = len(policy["slots"])
+    with host.sudo():
+        r = host.run(
+            "for i in $(seq %d); do chv-cell run --timeout 10 -- sh -c 'sleep 2; "
+            "set -- $(ip -4 -o addr show dev %s); a=$4; set -- $(cat /proc/self/uid_map); "
+            "echo $CHV_SLOT $a $2' > /tmp/cell.$i & done; "
+            "sleep 1; chv-cell run --timeout 0.5 -- true; echo extra=$?; wait; cat /tmp/cell.*; rm -f /tmp/cell.*"
+            % (n, policy["slots"][0]["cell_ifname"]))
+    lines = [ln.split() for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("extra=")]
+    assert "extra=75" in r.stdout
+    assert len(lines) == n and len({tuple(x) for x in lines}) == n
+    for i in range(3):  # slot name, address, uid base: all distinct
+        assert len({x[i] for x in lines}) == n, lines
+
+
+def test_sigkill_of_launcher_leaves_a_claimable_slot(host, policy):
+    s0 = policy["slots"][0]["name"]
+    with host.sudo():
+        r = host.run(
+            "chv-cell run --slot %s -- sleep 60 & L=$!; "
+            "for i in $(seq 100); do test -e /run/chv-fleet/cells/%s.json && break; sleep 0.05; done; "
+            "kill -9 $L; chv-cell run --slot %s --timeout 15 -- true" % (s0, s0, s0))
+    assert r.rc == 0, r.stderr
+
+
+def test_nothing_left_behind(host, policy):
+    with host.sudo():
+        for s in policy["slots"]:
+            assert not host.file("/sys/class/net/" + s["host_ifname"]).exists
+            assert not host.file("/run/chv-fleet/cells/%s.json" % s["name"]).exists
+            assert not host.file("/run/chv-fleet/locks/%s.lock" % s["name"]).exists

@@ -1,0 +1,106 @@
+"""chv.fleet.cell_identity module: arguments, changed/ok, check mode, diff,
+failures (run in-process with fake host facts)."""
+
+import json
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as ci
+from ansible_collections.chv.fleet.plugins.modules import cell_identity as module
+
+FACTS = ci.HostFacts(ifnames=['lo', 'eth0', 'chvh0'], networks=[('10.200.0.0/24', 'eth0')],
+                     ids=[0, 1000])
+
+
+@pytest.fixture(autouse=True)
+def fake_host(monkeypatch):
+    monkeypatch.setattr(module, 'gather_host_facts', lambda run: FACTS)
+    monkeypatch.setattr(module.AnsibleModule, 'get_bin_path', lambda self, *a, **k: '/sbin/ip')
+
+
+def run(capsys, check=False, diff=False, **args):
+    args = dict(args)
+    if check:
+        args['_ansible_check_mode'] = True
+    if diff:
+        args['_ansible_diff'] = True
+    with patch_module_args(args):
+        with pytest.raises(SystemExit):
+            module.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_changed_then_ok(tmp_path, capsys):
+    ledger = str(tmp_path / 'identities.json')
+    first = run(capsys, slots=2, ledger=ledger)
+    assert first['changed'] and first['added'] == ['slot0', 'slot1']
+    assert [r['host_ifname'] for r in first['identities']] == ['chvh1', 'chvh2']
+    assert first['identities'][0]['subnet'] == '10.200.1.0/24'
+    second = run(capsys, slots=2, ledger=ledger)
+    assert not second['changed'] and second['identities'] == first['identities']
+    assert 'diff' not in second
+
+
+def test_check_mode_and_diff(tmp_path, capsys):
+    ledger = str(tmp_path / 'state' / 'identities.json')
+    result = run(capsys, check=True, diff=True, slots='a,b', ledger=ledger)
+    assert result['changed']
+    assert result['diff']['before'] == '' and '"a": {"name": "a"' in result['diff']['after']
+    assert not (tmp_path / 'state').exists()
+    run(capsys, slots='a,b', ledger=ledger)
+    result = run(capsys, diff=True, slots=['a'], ledger=ledger)
+    assert result['removed'] == ['b']
+    assert '"b": {' in result['diff']['before'] and '"b": {' not in result['diff']['after']
+    assert result['diff']['before_header'] == ledger
+
+
+def test_state_absent(tmp_path, capsys):
+    ledger = str(tmp_path / 'identities.json')
+    run(capsys, slots=3, ledger=ledger)
+    result = run(capsys, state='absent', ledger=ledger)
+    assert result['changed'] and result['removed'] == ['slot0', 'slot1', 'slot2']
+    assert result['identities'] == []
+
+
+def test_bad_prefix_fails_naming_it(tmp_path, capsys):
+    ledger = str(tmp_path / 'identities.json')
+    result = run(capsys, slots=1, prefix=31, ledger=ledger)
+    assert result['failed'] and result['param'] == 'prefix' and 'prefix 31' in result['msg']
+    assert not (tmp_path / 'identities.json').exists()
+
+
+def test_present_requires_slots(tmp_path, capsys):
+    result = run(capsys, ledger=str(tmp_path / 'identities.json'))
+    assert result['failed'] and 'slots' in result['msg']
+
+
+def test_corrupt_ledger_fails_naming_file_then_recover(tmp_path, capsys):
+    ledger = tmp_path / 'identities.json'
+    ledger.write_text('{"version": 1, "pool": "10.200.0.0/16", "prefix": 24, "uid_m')
+    result = run(capsys, slots=1, ledger=str(ledger))
+    assert result['failed'] and str(ledger) in result['msg'] and 'recover: true' in result['msg']
+    assert ledger.read_text().endswith('"uid_m')
+    result = run(capsys, slots=1, ledger=str(ledger), recover=True)
+    assert result['changed'] and result['backup_file'].startswith(str(ledger) + '.corrupt-')
+    ci.load_ledger(str(ledger))
+
+
+def test_settings_change_fails_without_reassign(tmp_path, capsys):
+    ledger = str(tmp_path / 'identities.json')
+    run(capsys, slots=1, ledger=ledger)
+    result = run(capsys, slots=1, ledger=ledger, uid_mode='shared')
+    assert result['failed'] and result['param'] == 'reassign' and 'uid_mode' in result['msg']
+    result = run(capsys, slots=1, ledger=ledger, uid_mode='shared', reassign=True)
+    assert result['changed'] and result['reassigned'] == ['slot0']
+    assert result['identities'][0]['uid_base'] == 1000
+
+
+def test_conflicts_become_warnings(tmp_path, capsys, monkeypatch):
+    ledger = str(tmp_path / 'identities.json')
+    run(capsys, slots=1, ledger=ledger)
+    moved = ci.HostFacts(networks=[('10.200.1.0/24', 'wg0')])
+    monkeypatch.setattr(module, 'gather_host_facts', lambda run: moved)
+    result = run(capsys, slots=1, ledger=ledger)
+    assert not result['changed'] and result['conflicts']
+    assert 'on wg0 (set reassign: true' in json.dumps(result['warnings'])

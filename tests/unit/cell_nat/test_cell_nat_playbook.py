@@ -1,0 +1,159 @@
+"""The cell_nat_facts module and the role's template run through ansible-playbook in a namespace.
+
+* the template Ansible renders is byte-identical to the rendering the netns
+  tests load (so those tests exercise what the role writes);
+* the module discovers the uplink and reports a foreign drop chain as a warning;
+* invalid variables fail at the role's first task, naming the variable,
+  before anything is changed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cellnat_lab
+from cellnat_lab import Lab, run
+
+from ansible_collections.chv.fleet.plugins.module_utils import cell_nat
+
+_SKIP = cellnat_lab.lab_available()
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+
+PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+COLLECTIONS = Path(cell_nat.__file__).parents[5]     # .../<root>/ansible_collections/chv/fleet/plugins/module_utils
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lab = Lab()
+    try:
+        yield lab.up()
+    finally:
+        lab.down()
+
+
+def playbook(lab, tmp_path, text, *args):
+    path = tmp_path / "play.yml"
+    path.write_text(text)
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "local"), ANSIBLE_REMOTE_TEMP=str(tmp_path / "remote"),
+               ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_STDOUT_CALLBACK="default")
+    cmd = ["ip", "netns", "exec", lab.guest, str(PLAYBOOK), "-i", "localhost,", "-c", "local",
+           "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)] + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+RENDER = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Validate and discover
+      chv.fleet.cell_nat_facts:
+        slots: {slots}
+        egress_allow: [{{cidr: 198.18.1.0/24}}, {{cidr: 198.18.3.1, proto: tcp, ports: [8080, "9000-9100"]}}]
+        egress_deny: [{{cidr: 198.18.1.200}}]
+        dns_via_gateway: true
+        ratelimit: 20
+        var_prefix: cell_nat_
+      register: facts
+    - name: Keep what the module returned
+      ansible.builtin.copy:
+        content: "{{{{ facts | to_json }}}}"
+        dest: {tmp}/facts.json
+        mode: "0600"
+    - name: Render with the role's template, checked by nft -c as the role does
+      ansible.builtin.template:
+        src: {template}
+        dest: {tmp}/cell-nat.nft
+        mode: "0644"
+        validate: nft -c -f %s
+      vars:
+        __cell_nat_ruleset: "{{{{ facts.ruleset }}}}"
+"""
+
+
+def test_ansible_renders_what_the_netns_tests_load(lab, tmp_path):
+    lab.nft("add table ip cnt_foreign; add chain ip cnt_foreign FORWARD "
+            "{ type filter hook forward priority 0; policy drop; }")
+    try:
+        proc = playbook(lab, tmp_path, RENDER.format(slots=json.dumps(lab.slots), tmp=tmp_path,
+                                                     template=cellnat_lab.TEMPLATE))
+    finally:
+        run("nft", "delete", "table", "ip", "cnt_foreign", ns=lab.guest)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert (facts["uplink"], facts["uplink_source"], facts["slots_source"]) == ("upA", "default_route", "variable")
+    assert [(c["table"], c["chain"]) for c in facts["conflicts"]] == [("cnt_foreign", "FORWARD")]
+    assert "table ip cnt_foreign, chain FORWARD (hook forward, priority 0): policy drop" in proc.stdout + proc.stderr
+    rendered = (tmp_path / "cell-nat.nft").read_text()
+    assert rendered == cellnat_lab.render(facts["ruleset"])
+    lab.load_text(rendered)
+    assert lab.probe(lab.cell_a, "198.18.1.1", 8080) == "198.18.0.2"     # allowed
+    assert lab.probe(lab.cell_a, "198.18.0.1", 8080) is None             # not on the allow list
+
+
+CASES = """
+- hosts: localhost
+  gather_facts: false
+  vars:
+    outcomes: []
+  tasks:
+{cases}
+    - name: Report
+      ansible.builtin.copy:
+        content: "{{{{ outcomes | to_json }}}}"
+        dest: {tmp}/outcomes.json
+        mode: "0600"
+      check_mode: false
+"""
+CASE = """
+    - name: Case {n}
+      block:
+        - name: Run the role
+          ansible.builtin.include_role:
+            name: chv.fleet.cell_nat
+          vars: {vars}
+      rescue:
+        - name: Record where and why case {n} failed
+          ansible.builtin.set_fact:
+            outcomes: "{{{{ outcomes + [{{'task': ansible_failed_task.name, 'msg': ansible_failed_result.msg,
+                                          'errors': ansible_failed_result.argument_errors | default([])}}] }}}}"
+"""
+
+
+def test_invalid_variables_fail_before_any_change(lab, tmp_path):
+    base = {"cell_nat_slots": lab.slots, "cell_nat_config_dir": str(tmp_path / "etc"),
+            "cell_nat_sysctl_file": str(tmp_path / "sysctl.conf")}
+    cases = [
+        dict(base, cell_nat_egress_allow=[{"cidr": "198.18.1.0/33"}]),
+        dict(base, cell_nat_uplink="eth9"),
+        dict(base, cell_nat_egress_allow=[{"cidr": "198.18.0.0/16"}],
+             cell_nat_egress_deny=[{"cidr": "198.18.0.0/15"}]),
+        dict(base, cell_nat_ratelimit="many"),
+        dict(base, cell_nat_slots=[dict(lab.slots[0], host_ifname="chvh0-far-too-long")]),
+    ]
+    text = CASES.format(tmp=tmp_path, cases="".join(CASE.format(n=i, vars=json.dumps(c)) for i, c in enumerate(cases)))
+    # --check as a second safety net: these runs must stop before changing anything anyway.
+    proc = playbook(lab, tmp_path, text, "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outcomes = json.loads((tmp_path / "outcomes.json").read_text())
+    print("\n".join("%s: %s" % (o["task"], o["msg"]) for o in outcomes))
+    assert len(outcomes) == len(cases)
+    validate = "Validate the policy, discover the uplink and list foreign firewall chains"
+    assert outcomes[0]["msg"].startswith("cell_nat_egress_allow[0].cidr: '198.18.1.0/33' is not a valid IPv4 CIDR")
+    assert outcomes[1]["msg"].startswith("cell_nat_uplink: 'eth9' is not an interface on this host")
+    assert outcomes[2]["msg"].startswith("cell_nat_egress_allow[0]: 198.18.0.0/16 overlaps cell_nat_egress_deny[0]")
+    assert outcomes[3]["task"].startswith("Validating arguments against arg spec 'main'")   # at role start
+    assert any("cell_nat_ratelimit" in e for e in outcomes[3]["errors"]), outcomes[3]
+    assert outcomes[4]["msg"].startswith("cell_nat_slots[0].host_ifname: 'chvh0-far-too-long'")
+    for i in (0, 1, 2, 4):
+        assert outcomes[i]["task"] == validate
+    # Nothing but the report file changed.
+    assert proc.stdout.count("changed: [localhost]") == 1 and "changed=1 " in proc.stdout
+    before = proc.stdout.split("changed: [localhost]")[0]
+    assert before.rsplit("TASK [", 1)[1].startswith("Report]")
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "sysctl.conf").exists()

@@ -1,0 +1,1 @@
+"""chv-broker: the peer-authenticated door out of a chv.fleet cell (standard library only)."""

@@ -1,0 +1,5 @@
+import sys
+
+from chv_broker.server import main
+
+sys.exit(main())

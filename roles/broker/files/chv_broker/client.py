@@ -1,0 +1,50 @@
+#!/usr/bin/python3 -I
+"""Minimal chv-broker client for use inside a cell (standard library only).
+
+    chv-broker-client '{"op": "ping"}'
+    chv-broker-client '{"op": "sync", "action": "status", "repo": "myrepo"}'
+
+Prints the reply line; exits 0 when the reply has "ok": true, 1 when the
+broker refused, 2 when the broker could not be reached or hung up.
+"""
+import json
+import os
+import socket
+import sys
+
+SOCKET = os.environ.get("CHV_BROKER_SOCKET", "/run/chv/broker.sock")
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.stderr.write(__doc__)
+        return 2
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(float(os.environ.get("CHV_BROKER_TIMEOUT", "180")))
+            s.connect(SOCKET)
+            try:
+                s.sendall(argv[1].encode("utf-8").replace(b"\n", b" ") + b"\n")
+            except BrokenPipeError:
+                pass  # a rejected peer is answered before its request is read: read that answer
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+    except OSError as exc:
+        sys.stderr.write("chv-broker-client: %s\n" % exc)
+        return 2
+    if not buf.endswith(b"\n"):
+        sys.stderr.write("chv-broker-client: broker closed the connection without a reply\n")
+        return 2
+    sys.stdout.write(buf.decode("utf-8", "replace"))
+    try:
+        return 0 if json.loads(buf).get("ok") is True else 1
+    except ValueError:
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,322 @@
+"""chv-broker daemon: socket activation, peer check, op allow-list, audit log."""
+import argparse
+import json
+import os
+import pwd
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import urlsplit
+
+from . import wire
+from .peer import PeerChecker, PeerRejected
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+DEFAULTS = {
+    "cells_dir": "/run/chv-fleet/cells",
+    "workspaces_dir": "/var/lib/chv-fleet/workspaces",
+    "max_request_bytes": 65536,
+    "read_timeout": 10.0,
+    "max_connections": 16,
+    "sync": {
+        "enabled": True,
+        "commands": {
+            "status": ["git", "status", "--porcelain=v1", "-b"],
+            "pull": ["git", "pull", "--ff-only"],
+            "push": ["git", "push"],
+        },
+        "timeout": 120.0,
+        "user": "",
+        "shared_user": "",
+        "credentials_file": "/etc/chv/broker/git-credentials",
+        "protocols": ["https"],
+        "max_output_bytes": 65536,
+        "python": "/usr/bin/python3",
+    },
+    "browser": {
+        "enabled": True,
+        "socket": "/run/chv-browser/browser.sock",
+        "timeout": 60.0,
+        "reap_interval": 15.0,
+    },
+}
+BROWSER_ACTIONS = {"open": ("url",), "snapshot": (), "screenshot": ("name",), "close": ()}
+SYNC_ACTIONS = ("status", "pull", "push")
+
+
+def merge(base, over):
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
+def load_config(path):
+    if not path:
+        return merge(DEFAULTS, {})
+    with open(path, encoding="utf-8") as fh:
+        return merge(DEFAULTS, json.load(fh))
+
+
+class OpError(Exception):
+    """A request the broker refuses; the message goes back to the client."""
+
+
+def _audit(stream, **fields):
+    fields = {"event": "chv-broker.audit", **fields}
+    try:
+        stream.write(json.dumps(fields, sort_keys=True) + "\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class Broker:
+    def __init__(self, config, log=sys.stderr):
+        self.cfg = config
+        self.log = log
+        self.peers = PeerChecker(config["cells_dir"])
+        self.slots_seen = set()  # slots that used the browser, for the reaper
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -------------------------------------------------------------- operations
+    def dispatch(self, cell, req):
+        op = req.get("op")
+        if op == "ping":
+            return {"pong": True, "slot": cell["slot"]}
+        if op == "sync" and self.cfg["sync"]["enabled"]:
+            return self.op_sync(cell, req)
+        if op == "browser" and self.cfg["browser"]["enabled"]:
+            return self.op_browser(cell, req)
+        raise OpError("unknown or disabled op: %r" % (op,) if isinstance(op, str) else "missing op")
+
+    def _sync_identity(self, cell, workspace):
+        scfg = self.cfg["sync"]
+        if scfg["user"]:
+            pw = pwd.getpwnam(scfg["user"])
+            return pw.pw_uid, pw.pw_gid
+        try:
+            st = os.lstat(workspace)
+        except FileNotFoundError:
+            raise OpError("slot workspace does not exist") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise OpError("slot workspace is not a directory")
+        allowed = cell["uid_base"] <= st.st_uid < cell["uid_base"] + cell["uid_size"]
+        if not allowed and scfg["shared_user"]:
+            allowed = st.st_uid == pwd.getpwnam(scfg["shared_user"]).pw_uid
+        if not allowed or st.st_uid == 0:
+            raise OpError("slot workspace owner is neither in the slot's UID range nor the shared user")
+        return st.st_uid, st.st_gid
+
+    def _credentials_fd(self):
+        path = self.cfg["sync"]["credentials_file"]
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(1 << 20)
+        except FileNotFoundError:
+            return None
+        fd = os.memfd_create("chv-broker-credentials", os.MFD_CLOEXEC)
+        os.write(fd, data)
+        return fd
+
+    def op_sync(self, cell, req):
+        scfg = self.cfg["sync"]
+        action = req.get("action")
+        if action not in SYNC_ACTIONS or action not in scfg["commands"]:
+            raise OpError("sync action must be one of %s" % ", ".join(a for a in SYNC_ACTIONS if a in scfg["commands"]))
+        repo = req.get("repo", ".")
+        if not isinstance(repo, str):
+            raise OpError("repo must be a string")
+        workspace = os.path.join(self.cfg["workspaces_dir"], cell["slot"])
+        uid, gid = self._sync_identity(cell, workspace)
+        cred_fd = self._credentials_fd()
+        spec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
+                "protocols": scfg["protocols"],
+                "credential_helper": os.path.join(HERE, "credential.py") if cred_fd is not None else ""}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        if cred_fd is not None:
+            env["CHV_BROKER_CRED_FD"] = str(cred_fd)
+        try:
+            proc = subprocess.Popen(
+                [scfg["python"], "-I", os.path.join(HERE, "syncrun.py"), json.dumps(spec)],
+                user=uid, group=gid, extra_groups=[], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                pass_fds=(cred_fd,) if cred_fd is not None else ())
+        finally:
+            if cred_fd is not None:
+                os.close(cred_fd)
+        try:
+            out, errout = proc.communicate(timeout=scfg["timeout"])
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise OpError("sync %s timed out after %ss" % (action, scfg["timeout"])) from None
+        if proc.returncode == 120:
+            try:
+                reason = json.loads(out.decode("utf-8").splitlines()[0])["rejected"]
+            except (ValueError, KeyError, IndexError):
+                reason = "rejected"
+            raise OpError("sync rejected: " + reason)
+        cap = scfg["max_output_bytes"]
+        return {"action": action, "returncode": proc.returncode,
+                "stdout": out[:cap].decode("utf-8", "replace"),
+                "stderr": errout[:cap].decode("utf-8", "replace"),
+                "truncated": len(out) > cap or len(errout) > cap}
+
+    def op_browser(self, cell, req):
+        action = req.get("action")
+        if action not in BROWSER_ACTIONS:
+            raise OpError("browser action must be one of " + ", ".join(sorted(BROWSER_ACTIONS)))
+        fwd = {"slot": cell["slot"], "action": action}
+        for key in BROWSER_ACTIONS[action]:
+            if not isinstance(req.get(key), str):
+                raise OpError("browser %s needs a string %r" % (action, key))
+            fwd[key] = req[key]
+        if action == "open" and urlsplit(fwd["url"]).scheme.lower() not in ("http", "https"):
+            raise OpError("only http and https URLs may be opened")
+        with self._lock:
+            self.slots_seen.add(cell["slot"])
+        bcfg = self.cfg["browser"]
+        try:
+            reply = wire.call(bcfg["socket"], fwd, bcfg["timeout"])
+        except (OSError, wire.WireError) as exc:
+            raise OpError("browser unavailable: %s" % exc) from None
+        if reply.get("ok") is True:
+            return reply.get("result")
+        raise OpError("browser: %s" % reply.get("error", "failed"))
+
+    # -------------------------------------------------------------- connections
+    def handle(self, conn):
+        t0 = time.monotonic()
+        fields = {"slot": None, "op": None, "verdict": "error"}
+        try:
+            with conn:
+                try:
+                    cell = self.peers.identify(conn)
+                except PeerRejected as exc:
+                    fields.update(verdict="rejected", reason=exc.reason, peer_pid=exc.pid, peer_uid=exc.uid)
+                    self._send(conn, wire.err("peer is not a process of a live chv cell"))
+                    return
+                fields["slot"] = cell["slot"]
+                try:
+                    req = wire.parse_object(wire.read_line(conn, self.cfg["max_request_bytes"],
+                                                           self.cfg["read_timeout"]))
+                except wire.WireError as exc:
+                    fields.update(verdict="bad-request", reason=str(exc))
+                    self._send(conn, wire.err(exc))
+                    return
+                fields["op"] = req.get("op") if isinstance(req.get("op"), str) else repr(req.get("op"))[:64]
+                if isinstance(req.get("action"), str):
+                    fields["action"] = req["action"][:64]
+                try:
+                    reply = wire.ok(self.dispatch(cell, req))
+                    fields["verdict"] = "ok"
+                except OpError as exc:
+                    reply = wire.err(exc)
+                    fields.update(verdict="denied", reason=str(exc)[:300])
+                except Exception as exc:  # never let one request take the daemon down
+                    reply = wire.err("internal error")
+                    fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
+                self._send(conn, reply)
+        except Exception as exc:
+            fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
+        finally:
+            fields["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
+            _audit(self.log, **fields)
+
+    @staticmethod
+    def _send(conn, obj):
+        try:
+            conn.settimeout(5)
+            conn.sendall(wire.encode(obj))
+        except OSError:
+            pass
+
+    def serve(self, listener):
+        slots = threading.BoundedSemaphore(self.cfg["max_connections"])
+        listener.settimeout(0.25)  # how quickly stop() is noticed
+        while not self._stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            if not slots.acquire(blocking=False):
+                self._send(conn, wire.err("broker busy, retry later"))
+                conn.close()
+                _audit(self.log, slot=None, op=None, verdict="busy", duration_ms=0)
+                continue
+
+            def run(c=conn):
+                try:
+                    self.handle(c)
+                finally:
+                    slots.release()
+            threading.Thread(target=run, daemon=True).start()
+
+    def reap(self):
+        """Tell chv-browser to drop contexts of slots whose cell is gone."""
+        bcfg = self.cfg["browser"]
+        while not self._stop.wait(bcfg["reap_interval"]):
+            with self._lock:
+                seen = set(self.slots_seen)
+            if not seen:
+                continue
+            gone = seen - self.peers.live_slots()
+            for slot in gone:
+                try:
+                    wire.call(bcfg["socket"], {"slot": slot, "action": "close"}, bcfg["timeout"])
+                except (OSError, wire.WireError):
+                    continue
+                with self._lock:
+                    self.slots_seen.discard(slot)
+                _audit(self.log, slot=slot, op="browser", action="close", verdict="reaped", duration_ms=0)
+
+    def stop(self, *_):
+        self._stop.set()
+
+
+def listener_from_env(environ):
+    """The socket systemd passed (LISTEN_FDS, fd 3), or None."""
+    if environ.get("LISTEN_PID") != str(os.getpid()) or int(environ.get("LISTEN_FDS", "0")) < 1:
+        return None
+    return socket.socket(fileno=3)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="chv-broker")
+    ap.add_argument("--config", default="/etc/chv-fleet/broker.json")
+    ap.add_argument("--listen", help="bind this Unix socket path instead of socket activation (development)")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config if os.path.exists(args.config) else None)
+    listener = listener_from_env(os.environ)
+    if listener is None:
+        if not args.listen:
+            ap.error("no socket passed by systemd (LISTEN_FDS) and no --listen")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.unlink(args.listen)
+        except FileNotFoundError:
+            pass
+        listener.bind(args.listen)
+        os.chmod(args.listen, 0o666)
+        listener.listen(64)
+    broker = Broker(cfg)
+    signal.signal(signal.SIGTERM, broker.stop)
+    signal.signal(signal.SIGINT, broker.stop)
+    if cfg["browser"]["enabled"] and cfg["browser"]["reap_interval"] > 0:
+        threading.Thread(target=broker.reap, daemon=True).start()
+    _audit(sys.stderr, verdict="started", slot=None, op=None, duration_ms=0)
+    broker.serve(listener)
+    return 0

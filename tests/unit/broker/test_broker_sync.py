@@ -1,0 +1,175 @@
+"""sync: path confinement, the run-as identity, git hardening, credentials."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import CELL_UID, client_argv, client_env, needs_root, write_record
+
+pytestmark = needs_root
+
+
+def _git(cwd, *args):
+    # the tests run git as root on trees owned by cell uids
+    subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "safe.directory=*", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def _chown_tree(path, uid):
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            os.lchown(os.path.join(root, n), uid, uid)
+    os.lchown(path, uid, uid)
+
+
+@pytest.fixture
+def workspaces(env):
+    """slot0 and slot1 workspaces, each with a git repo, owned by that slot's uids."""
+    for slot, uid in (("slot0", CELL_UID), ("slot1", CELL_UID + 65536)):
+        ws = os.path.join(env["ws"], slot)
+        repo = os.path.join(ws, "repo")
+        os.makedirs(repo)
+        _git(repo, "init", "-q")
+        with open(os.path.join(repo, "README"), "w") as fh:
+            fh.write(slot)
+        _chown_tree(ws, uid)
+    secret = os.path.join(env["root"], "outside")
+    os.makedirs(secret)
+    _git(secret, "init", "-q")
+    _chown_tree(secret, CELL_UID)  # a tree the cell uid owns, outside the workspace
+    return env
+
+
+def test_status_in_workspace_and_confinement(workspaces, inproc):
+    ws = os.path.join(workspaces["ws"], "slot0")
+    ok = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+    assert ok["ok"] is True, ok
+    assert ok["result"]["returncode"] == 0 and "?? README" in ok["result"]["stdout"]
+    assert ok["result"]["stdout"].startswith("## ")
+    # absolute path inside the workspace: allowed
+    assert inproc.call({"op": "sync", "action": "status", "repo": ws + "/repo"})["ok"] is True
+
+    os.symlink(os.path.join(workspaces["root"], "outside"), os.path.join(ws, "escape"))
+    os.symlink("../slot1/repo", os.path.join(ws, "sideways"))
+    os.lchown(os.path.join(ws, "escape"), CELL_UID, CELL_UID)
+    for repo in ("../slot1/repo", "repo/../../slot1/repo", "../../outside", "escape", "sideways",
+                 os.path.join(workspaces["root"], "outside"), os.path.join(workspaces["ws"], "slot1", "repo"),
+                 "/", "", "nonexistent", "repo/README"):
+        rep = inproc.call({"op": "sync", "action": "status", "repo": repo})
+        assert rep["ok"] is False and rep["error"].startswith("sync rejected"), (repo, rep)
+
+
+def test_bad_actions_and_types(workspaces, inproc):
+    for req in ({"op": "sync", "action": "clone", "repo": "repo"},
+                {"op": "sync", "action": "status", "repo": ["repo"]},
+                {"op": "sync", "action": "status", "repo": "re\x00po"},
+                {"op": "sync"}):
+        assert inproc.call(req)["ok"] is False, req
+
+
+def test_runs_as_workspace_owner_never_root(workspaces, inproc, env):
+    cfg = inproc.cfg
+    cfg["sync"]["commands"] = {"status": ["id", "-u"]}
+    rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+    assert rep["ok"] is True and rep["result"]["stdout"].strip() == str(CELL_UID)
+    # a workspace owned by root (or by anyone outside the slot's range) is refused
+    os.chown(os.path.join(env["ws"], "slot0"), 0, 0)
+    rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+    assert rep["ok"] is False and "owner" in rep["error"]
+
+
+def test_no_shell(workspaces, inproc):
+    inproc.cfg["sync"]["commands"] = {"status": ["echo", "$(id)", ";", "id"]}
+    rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+    assert rep["result"]["stdout"] == "$(id) ; id\n"
+
+
+def test_dangerous_git_config_refused(workspaces, inproc):
+    repo = os.path.join(workspaces["ws"], "slot0", "repo")
+    assert inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
+    marker = os.path.join(workspaces["root"], "pwned")
+    for key, value in (("core.fsmonitor", "touch " + marker),
+                       ("filter.x.smudge", "touch " + marker),
+                       ("url.https://evil.invalid/.insteadOf", "https://github.com/"),
+                       ("include.path", "/nonexistent/chv-include"),
+                       ("core.sshCommand", "touch " + marker)):
+        _git(repo, "config", key, value)
+        rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+        assert rep["ok"] is False and key.lower() in rep["error"].lower(), (key, rep)
+        _git(repo, "config", "--unset", key)
+    assert not os.path.exists(marker)
+    assert inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
+
+
+def test_hooks_never_run(workspaces, inproc):
+    repo = os.path.join(workspaces["ws"], "slot0", "repo")
+    marker = os.path.join(workspaces["root"], "hooked")
+    hook = os.path.join(repo, ".git", "hooks", "pre-commit")
+    with open(hook, "w") as fh:
+        fh.write("#!/bin/sh\ntouch %s\n" % marker)
+    os.chmod(hook, 0o755)
+    inproc.cfg["sync"]["commands"] = {"status": ["git", "commit", "-q", "--allow-empty", "-m", "x",
+                                                 "--author", "a <a@b>"]}
+    rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+    assert rep["ok"] is True
+    assert not os.path.exists(marker)
+
+
+def test_gitdir_outside_workspace_refused(workspaces, inproc):
+    other = os.path.join(workspaces["root"], "outside", ".git")
+    d = os.path.join(workspaces["ws"], "slot0", "linked")
+    os.makedirs(d)
+    with open(os.path.join(d, ".git"), "w") as fh:
+        fh.write("gitdir: %s\n" % other)
+    _chown_tree(d, CELL_UID)
+    rep = inproc.call({"op": "sync", "action": "status", "repo": "linked"})
+    assert rep["ok"] is False and "git directory" in rep["error"]
+
+
+def test_pull_uses_only_broker_credentials(workspaces, inproc, env):
+    """pull over a disallowed protocol fails; credentials reach git via the helper only."""
+    repo = os.path.join(workspaces["ws"], "slot0", "repo")
+    _git(repo, "remote", "add", "origin", os.path.join(workspaces["root"], "outside"))
+    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    assert rep["ok"] is True and rep["result"]["returncode"] != 0
+    assert "transport 'file' not allowed" in rep["result"]["stderr"]
+
+
+def test_credential_helper_lookup():
+    from chv_broker import credential
+    text = "# comment\nhttps://bot:s%40cret@git.example.org\nhttps://other:x@example.com:8443\n"
+    assert credential.lookup(text, "https", "git.example.org") == ("bot", "s@cret")
+    assert credential.lookup(text, "https", "example.com:8443") == ("other", "x")
+    assert credential.lookup(text, "http", "git.example.org") is None
+    assert credential.lookup(text, "https", "evil.example") is None
+
+
+def test_credential_fd_reaches_helper(workspaces, inproc, env):
+    """The memfd the broker fills is readable by the helper run as the workspace owner."""
+    cred = os.path.join(env["root"], "creds")
+    with open(cred, "w") as fh:
+        fh.write("https://bot:tok@git.example.org\n")
+    os.chmod(cred, 0o600)
+    inproc.cfg["sync"]["credentials_file"] = cred
+    from conftest import FILES, SYNC_PYTHON
+    inproc.cfg["sync"]["commands"] = {"status": [
+        "sh", "-c", 'printf "protocol=https\\nhost=git.example.org\\n\\n" | %s -I %s get'
+        % (SYNC_PYTHON, os.path.join(FILES, "chv_broker", "credential.py"))]}
+    rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+    assert rep["result"]["stdout"] == "username=bot\npassword=tok\n", rep
+    # the file itself is not readable by that uid
+    inproc.cfg["sync"]["commands"] = {"status": ["cat", cred]}
+    rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+    assert rep["result"]["returncode"] != 0 and "Permission denied" in rep["result"]["stderr"]
+
+
+def test_sync_from_a_real_cell_for_another_slot_is_refused(workspaces, broker_proc, cell):
+    write_record(workspaces["cells"], "slot0", cell.pid)
+    sock = workspaces["sock"]
+    own = cell.run(client_argv(sock, {"op": "sync", "action": "status", "repo": "repo"}), env=client_env(sock))
+    assert json.loads(own.stdout)["ok"] is True, own
+    other = cell.run(client_argv(sock, {"op": "sync", "action": "status",
+                                        "repo": os.path.join(workspaces["ws"], "slot1", "repo")}),
+                     env=client_env(sock))
+    assert json.loads(other.stdout)["ok"] is False

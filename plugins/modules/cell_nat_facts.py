@@ -24,15 +24,18 @@ description:
     warning per chain. Such chains see cell traffic too and may drop it, whatever C(inet chv_cell) accepts.
   - Returns the data the role's C(cell-nat.nft.j2) template renders.
 author:
-  - chv.fleet maintainers
+  - chv.fleet maintainers (@chv-fleet)
 attributes:
   check_mode:
     support: full
-    details: The module never changes the host.
+    description: The module never changes the host; it runs the same in check mode.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
   platform:
+    support: full
     platforms: posix
+    description: Needs Linux (C(ip -j route), C(/sys/class/net)) and, for the coexistence check, C(nft).
 options:
   slots:
     description:

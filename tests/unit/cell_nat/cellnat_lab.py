@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jinja2
@@ -40,7 +39,8 @@ def lab_available():
     for tool in ("nft", "ip"):
         if not shutil.which(tool):
             return "%s is not installed" % tool
-    probe = subprocess.run(["ip", "netns", "add", "cnt-probe-%d" % os.getpid()], capture_output=True, text=True)
+    probe = subprocess.run(["ip", "netns", "add", "cnt-probe-%d" % os.getpid()], capture_output=True, text=True,
+                           check=False)
     if probe.returncode != 0:
         return "cannot create a network namespace: %s" % probe.stderr.strip()
     subprocess.run(["ip", "netns", "del", "cnt-probe-%d" % os.getpid()], check=False)
@@ -65,7 +65,7 @@ def make_slots(count, first_octet=0):
 
 def run(*argv, check=True, ns=None, timeout=30):
     cmd = (["ip", "netns", "exec", ns] if ns else []) + [str(a) for a in argv]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise AssertionError("%s failed (%d): %s%s" % (" ".join(cmd), proc.returncode, proc.stdout, proc.stderr))
     return proc
@@ -181,10 +181,3 @@ class Lab(object):
         argv = [sys.executable, PROBE, "probe", proto, host, port, TIMEOUT] + ([source] if source else [])
         proc = run(*argv, ns=ns, check=False)
         return proc.stdout.strip() if proc.returncode == 0 else None
-
-    def wait_reachable(self, ns, host, port, tries=10):
-        for _ in range(tries):
-            if self.probe(ns, host, port):
-                return True
-            time.sleep(0.1)
-        return False

@@ -166,14 +166,14 @@ def test_no_ipv6_path_and_no_spoofing(policy):
 
 def test_per_destination_rate_limit(lab):
     lab.apply(ratelimit=1, ratelimit_burst=2)
-    results = [lab.probe(lab.cell_a, "198.18.3.1", 8080) for _ in range(6)]
+    results = [lab.probe(lab.cell_a, "198.18.3.1", 8080) for _attempt in range(6)]
     admitted = sum(1 for r in results if r)
     print("rate limit 1/s burst 2: %d of 6 back-to-back connections admitted" % admitted)
     assert 1 <= admitted <= 5
     assert lab.counters()["drop_ratelimit"] >= 1
     assert lab.probe(lab.cell_a, "198.18.1.1", 8080) == GUEST_UPLINK    # other destination unaffected
     lab.apply()
-    assert all(lab.probe(lab.cell_a, "198.18.3.1", 8080) for _ in range(6))
+    assert all(lab.probe(lab.cell_a, "198.18.3.1", 8080) for _attempt in range(6))
 
 
 def test_rule_count_does_not_grow_with_slots(lab):

@@ -44,7 +44,7 @@ def playbook(lab, tmp_path, text, *args):
                ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_STDOUT_CALLBACK="default")
     cmd = ["ip", "netns", "exec", lab.guest, str(PLAYBOOK), "-i", "localhost,", "-c", "local",
            "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)] + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
 RENDER = """

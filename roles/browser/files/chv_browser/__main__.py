@@ -1,0 +1,5 @@
+import sys
+
+from chv_browser.server import main
+
+sys.exit(main())

@@ -1,0 +1,61 @@
+"""Pure request checks and output shaping of chv-browser (no Playwright needed)."""
+import re
+from urllib.parse import urlsplit
+
+ALLOWED_SCHEMES = ("http", "https")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SLOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class Refused(Exception):
+    """A request chv-browser will not carry out; the message goes back to the cell."""
+
+
+def check_url(url):
+    if not isinstance(url, str) or not url or len(url) > 8192:
+        raise Refused("url must be a non-empty string of at most 8192 characters")
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        raise Refused("url does not parse") from None
+    if parts.scheme.lower() not in ALLOWED_SCHEMES or not parts.hostname:
+        raise Refused("only http and https URLs with a host may be opened")
+    return url.strip()
+
+
+def url_allowed(url):
+    try:
+        check_url(url)
+        return True
+    except Refused:
+        return False
+
+
+def check_slot(slot):
+    if not isinstance(slot, str) or not _SLOT.fullmatch(slot) or ".." in slot:
+        raise Refused("invalid slot")
+    return slot
+
+
+def check_name(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise Refused("screenshot name must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63} without '..'")
+    return name
+
+
+def truncate(text, max_lines, max_bytes):
+    """Cut ``text`` to at most ``max_lines`` lines and ``max_bytes`` UTF-8 bytes.
+
+    Returns (text, truncated).  Cuts never split a UTF-8 character.
+    """
+    truncated = False
+    lines = text.split("\n")
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        truncated = True
+    out = "\n".join(lines)
+    raw = out.encode("utf-8")
+    if len(raw) > max_bytes:
+        out = raw[:max_bytes].decode("utf-8", "ignore")
+        truncated = True
+    return out, truncated

@@ -1,0 +1,139 @@
+"""Fixtures for chv-browser tests.
+
+The integration tests drive Debian's chromium (/usr/bin/chromium, package
+`chromium`) through Playwright for Python.  Playwright is looked up in the
+interpreter named by CHV_BROWSER_PYTHON, else in the test interpreter; it is
+never asked to download a browser.  The service runs as `nobody` with
+chromium's own sandbox on, as in production.
+"""
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+FILES = os.path.join(ROOT, "roles", "browser", "files")
+sys.path.insert(0, FILES)
+
+from chv_browser import wire  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+PY = os.environ.get("CHV_BROWSER_PYTHON", sys.executable)
+
+
+def _playwright_ok():
+    try:
+        r = subprocess.run([PY, "-c", "import playwright.sync_api"], capture_output=True, timeout=30)
+        return r.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+SKIP_REASON = None
+if not os.path.exists(CHROMIUM):
+    SKIP_REASON = "Debian's chromium is not installed (apt-get install chromium)"
+elif not _playwright_ok():
+    SKIP_REASON = ("Playwright for Python is not importable by %s (pip install playwright, or point "
+                   "CHV_BROWSER_PYTHON at an interpreter that has it; never `playwright install`)" % PY)
+elif os.geteuid() != 0:
+    SKIP_REASON = "the service is started as an unprivileged user, which needs root"
+needs_browser = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+PAGE = b"""<!doctype html><html><head><title>Cell test page</title></head>
+<body><h1>Hello from the guest</h1><p>First paragraph.</p>
+<a href="/long">long page</a></body></html>"""
+LONG = ("<!doctype html><html><head><title>Long</title></head><body><ul>%s</ul></body></html>"
+        % "".join("<li>item %d</li>" % i for i in range(400))).encode()
+ESCAPE = b"""<!doctype html><html><head><title>bye</title></head><body>
+<script>location.href = "data:text/html,<h1>gone</h1>";</script></body></html>"""
+DOWNLOAD = b"PK\x03\x04 not really a zip"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (stdlib name)
+        body, ctype, extra = {
+            "/": (PAGE, "text/html", {}),
+            "/long": (LONG, "text/html", {}),
+            "/escape": (ESCAPE, "text/html", {}),
+            "/download": (DOWNLOAD, "application/zip", {"Content-Disposition": "attachment; filename=x.zip"}),
+        }.get(self.path, (b"not found", "text/plain", {}))
+        self.send_response(200 if body != b"not found" else 404)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in extra.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield "http://127.0.0.1:%d" % srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+class BrowserProc:
+    def __init__(self, root, **overrides):
+        self.root = root
+        self.cfg = {"socket": os.path.join(root, "run", "browser.sock"),
+                    "shots_dir": os.path.join(root, "shots"), "shots_cell_dir": "/run/chv/shots",
+                    "navigation_timeout": 15.0, "request_timeout": 40.0, "idle_timeout": 300.0}
+        self.cfg.update(overrides)
+        os.makedirs(self.cfg["shots_dir"], exist_ok=True)
+        os.makedirs(os.path.join(root, "home"), exist_ok=True)
+        for d in (self.cfg["shots_dir"], os.path.join(root, "home")):
+            os.chown(d, 65534, 65534)
+        os.makedirs(os.path.dirname(self.cfg["socket"]), exist_ok=True)
+        os.chown(os.path.dirname(self.cfg["socket"]), 65534, 65534)
+        self.config = os.path.join(root, "browser.json")
+        with open(self.config, "w") as fh:
+            json.dump(self.cfg, fh)
+        self.log = os.path.join(root, "browser.log")
+        code = "import sys; sys.path.insert(0, %r); from chv_browser.server import main; sys.exit(main(['--config', %r]))" % (
+            FILES, self.config)
+        env = {"PATH": "/usr/bin:/bin", "HOME": os.path.join(root, "home"),
+               "PLAYWRIGHT_BROWSERS_PATH": os.path.join(root, "no-browsers")}
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen([PY, "-c", code], user=65534, group=65534, extra_groups=[], env=env,
+                                         stderr=err, cwd=root)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(self.cfg["socket"]):
+            assert self.proc.poll() is None and time.monotonic() < deadline, open(self.log).read()
+            time.sleep(0.05)
+
+    def call(self, req, timeout=60):
+        return wire.call(self.cfg["socket"], req, timeout)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if SKIP_REASON:
+        pytest.skip(SKIP_REASON)
+    root = tempfile.mkdtemp(prefix="chvbr-")
+    os.chmod(root, 0o755)
+    b = BrowserProc(root, max_lines=50, max_bytes=4096)
+    yield b
+    b.stop()
+    shutil.rmtree(root, ignore_errors=True)

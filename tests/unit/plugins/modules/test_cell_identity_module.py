@@ -101,6 +101,9 @@ def test_conflicts_become_warnings(tmp_path, capsys, monkeypatch):
     run(capsys, slots=1, ledger=ledger)
     moved = ci.HostFacts(networks=[('10.200.1.0/24', 'wg0')])
     monkeypatch.setattr(module, 'gather_host_facts', lambda run: moved)
+    warned = []
+    monkeypatch.setattr(module.AnsibleModule, 'warn', lambda self, msg: warned.append(msg))
     result = run(capsys, slots=1, ledger=ledger)
     assert not result['changed'] and result['conflicts']
-    assert 'on wg0 (set reassign: true' in json.dumps(result['warnings'])
+    assert warned == ['slot identity collides with the live host: slot0: subnet 10.200.1.0/24 '
+                      'overlaps 10.200.1.0/24 on wg0 (set reassign: true to move it)']

@@ -50,8 +50,6 @@ def test_core_flags(policy):
         "--private-network",
         "--network-veth-extra=lth0:eth0",
         "--chdir=/workspace",
-        "--property=MemoryMax=2G",
-        "--property=TasksMax=512",
         "--rlimit=RLIMIT_NOFILE=4096:8192",
     ):
         assert flag in a, flag
@@ -138,11 +136,24 @@ def test_shared_network_is_explicit(policy):
     assert "--network-veth-extra=lth0:eth0" in opts(build(policy, shared=False))
 
 
-def test_systemd_scope(policy):
-    a = opts(build(policy, scope="systemd"))
-    assert "--keep-unit" not in a and "--register=no" in a
+def test_standalone_has_no_unit_properties(policy):
+    # without a scope nspawn would ignore them (and say so): never pretend
+    a = build(policy, scope="standalone")
+    assert a[0] == "/usr/bin/systemd-nspawn"
+    assert not any(x.startswith("--property") for x in a)
+
+
+def test_systemd_scope_wraps_nspawn_in_a_unique_transient_scope(policy):
+    a = argvmod.build_argv(policy, policy["slots"][1], ["true"],
+                           argvmod.HostFacts(scope="systemd", existing=NONE, shared_network=False, run_id="4242"))
+    i = a.index("/usr/bin/systemd-nspawn")
+    head, nspawn = a[:i], opts(a[i:])
+    assert head == ["/usr/bin/systemd-run", "--scope", "--quiet", "--collect", "--unit=chv-cell-slot1-4242",
+                    "--description=chv cell slot1", "--property=Delegate=yes", "--property=MemoryMax=2G", "--property=TasksMax=512", "--"]
+    assert "--keep-unit" in nspawn and "--register=no" in nspawn
+    assert not any(x.startswith("--property") for x in nspawn)
     policy["register"] = True
-    assert "--register=yes" in opts(build(policy, scope="systemd"))
+    assert "--register=yes" in build(policy, scope="systemd")
     # without systemd there is no machined to register with
     assert "--register=no" in opts(build(policy, scope="standalone"))
 

@@ -39,8 +39,10 @@ HostFacts = collections.namedtuple(
         "scope",  # "systemd" (nspawn allocates a scope) or "standalone" (--keep-unit)
         "existing",  # frozenset of host paths (from probe_paths) that exist
         "shared_network",  # True only with the explicit --shared-network flag
+        "run_id",  # unique per run (systemd scope: the transient unit's name suffix)
     ],
 )
+HostFacts.__new__.__defaults__ = ("0",)
 
 
 def cell_paths(policy, slot):
@@ -117,7 +119,24 @@ def build_argv(policy, slot, command, facts):
         raise ValueError("no command given")
     paths = cell_paths(policy, slot)
     register = bool(policy["register"]) and facts.scope == "systemd"
-    argv = [
+    argv = []
+    if facts.scope == "systemd":
+        # A transient scope per run, with a unique name (no clash with a
+        # previous run's scope still being collected) and the policy's unit
+        # properties; nspawn then keeps that unit (--keep-unit).
+        argv += [
+            policy["systemd_run"],
+            "--scope",
+            "--quiet",
+            "--collect",
+            "--unit=chv-cell-%s-%s" % (slot["name"], facts.run_id),
+            "--description=chv cell %s" % slot["name"],
+            # nspawn manages the cgroups below its unit, as in its own scopes
+            "--property=Delegate=yes",
+        ]
+        argv += ["--property=%s=%s" % (k, v) for k, v in sorted(policy["properties"].items())]
+        argv.append("--")
+    argv += [
         policy["nspawn"],
         "--quiet",
         "--directory=/",
@@ -126,10 +145,8 @@ def build_argv(policy, slot, command, facts):
         "--pipe",
         "--machine=" + slot["machine"],
         "--register=" + ("yes" if register else "no"),
-    ]
-    if facts.scope != "systemd":
-        argv.append("--keep-unit")
-    argv += [
+        "--keep-unit",
+
         "--private-users=%d:%d" % (slot["uid_base"], slot["uid_size"]),
         "--private-users-ownership=off",
         "--drop-capability=" + ",".join(sorted(set(policy["drop_capabilities"]))),
@@ -164,7 +181,6 @@ def build_argv(policy, slot, command, facts):
         if k not in env:
             env[k] = str(v)
     argv += ["--setenv=%s=%s" % (k, env[k]) for k in env]
-    argv += ["--property=%s=%s" % (k, v) for k, v in sorted(policy["properties"].items())]
     for k, v in sorted(policy["rlimits"].items()):
         name = k if k.startswith("RLIMIT_") else "RLIMIT_" + k
         argv.append("--rlimit=%s=%s" % (name, v))

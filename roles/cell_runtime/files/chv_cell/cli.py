@@ -99,6 +99,7 @@ def main(args=None):
             scope=runner.resolve_scope(pol),
             existing=runner.probe(argvmod.probe_paths(pol, slot)),
             shared_network=ns.shared_network,
+            run_id="<pid>",  # a run uses the launcher's pid
         )
         out = argvmod.build_argv(pol, slot, cmd, facts)
         if ns.json:

@@ -59,6 +59,7 @@ ALLOWED_NSPAWN_ENV = frozenset(
 DEFAULTS = {
     "version": POLICY_VERSION,
     "nspawn": "/usr/bin/systemd-nspawn",
+    "systemd_run": "/usr/bin/systemd-run",
     "ip": "/usr/bin/ip",
     "nsenter": "/usr/bin/nsenter",
     "state_dir": "/run/chv-fleet",
@@ -269,7 +270,7 @@ def validate(obj):
         errors.append("slots: missing")
     p = merged(obj)
 
-    for key in ("nspawn", "ip", "nsenter", "state_dir", "workspace_root", "agent_state_root"):
+    for key in ("nspawn", "systemd_run", "ip", "nsenter", "state_dir", "workspace_root", "agent_state_root"):
         if not _is_abs_clean(p[key]) or p[key] == "/":
             errors.append("%s: %r must be an absolute normalised path" % (key, p[key]))
     for key in ("workspace_mount", "agent_state_mount"):

@@ -43,9 +43,10 @@ def log(msg):
 
 
 def resolve_scope(policy):
-    """systemd: nspawn allocates its own transient scope through the system
-    bus (needs systemd as PID 1); standalone: --keep-unit and the launcher
-    gives each cell its own cgroup."""
+    """systemd: each cell runs in its own transient scope (systemd-run
+    --scope, through the system bus; needs systemd as PID 1) that carries the
+    policy's unit properties; standalone: the launcher gives each cell its own
+    cgroup (no unit properties).  nspawn always keeps the unit it is in."""
     if policy["scope"] != "auto":
         return policy["scope"]
     if os.path.isdir("/run/systemd/system") and os.path.exists("/run/dbus/system_bus_socket"):
@@ -255,6 +256,7 @@ class Launcher:
         self._old_handlers = {}
         self._old_wakeup = None
         self._libc = ctypes.CDLL(None, use_errno=True)
+        self.exe = "systemd-nspawn"
 
     def debug(self, msg):
         if self.verbose:
@@ -395,7 +397,7 @@ class Launcher:
                 if ns is not None and ns != own:
                     return c
             if proc.poll() is not None:
-                raise SetupError("systemd-nspawn exited with %d before the cell started" % proc.returncode)
+                raise SetupError("%s exited with %d before the cell started" % (self.exe, proc.returncode))
             if time.monotonic() > deadline:
                 raise SetupError("the cell did not start within %ss" % self.policy["start_timeout"])
             self.sleep(0.002, [pidfd])
@@ -405,7 +407,7 @@ class Launcher:
         host_if, cell_if = slot["host_ifname"], slot["cell_ifname"]
         while not (os.path.exists("/sys/class/net/" + host_if) and cell_if in _netdev_names(leader)):
             if proc.poll() is not None:
-                raise SetupError("systemd-nspawn exited with %d before the veth appeared" % proc.returncode)
+                raise SetupError("%s exited with %d before the veth appeared" % (self.exe, proc.returncode))
             if time.monotonic() > deadline:
                 raise SetupError("veth %s/%s did not appear within %ss" % (host_if, cell_if, p["start_timeout"]))
             self.sleep(0.002, [pidfd])
@@ -519,11 +521,14 @@ class Launcher:
                 for d in cgroups:
                     os.mkdir(d, 0o755)
             paths_probed = probe(argvmod.probe_paths(p, slot))
-            facts = argvmod.HostFacts(scope=scope, existing=paths_probed, shared_network=shared_network)
+            facts = argvmod.HostFacts(
+                scope=scope, existing=paths_probed, shared_network=shared_network, run_id=str(os.getpid())
+            )
             argv = argvmod.build_argv(p, slot, command, facts)
             if any(a.startswith("--inaccessible=") for a in argv):
                 ensure_inaccessible_nodes()
             self.debug("slot %s claimed after %.3fs (scope %s)" % (slot["name"], time.monotonic() - t0, scope))
+            self.exe = os.path.basename(argv[0])
             proc = self.spawn(argv, cgroups)
             pidfd = os.pidfd_open(proc.pid)
             deadline = time.monotonic() + p["start_timeout"]

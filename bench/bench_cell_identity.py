@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): allocate one more slot with N slots already in
+the ledger, N in 10, 1000, 4000.  Target: <= 20 ms at 4000 for the logic.
+
+Prints, per N, the best and median of several runs of
+  allocate:  the pure logic (validate the ledger + allocate + build the new
+             ledger dict), what the target is about;
+  dump:      serialising the new ledger for the file and the diff;
+  update:    the whole locked read-modify-write on a temp ledger (read,
+             JSON decode, validate, allocate, dump, temp file + fsync +
+             rename + dir fsync), i.e. what one module run costs besides
+             Python start-up and gathering host facts.
+  json.loads (ref): decoding the same ledger text, measured side by side
+             as a yardstick for the machine; ratio = allocate / json.loads
+             (best times) is what to compare across machines.
+Run: .venv/bin/python bench/bench_cell_identity.py   (or `make bench`)
+"""
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', 'plugins', 'module_utils'))
+import cell_identity as ci  # noqa: E402  (the same file the launcher imports standalone)
+
+SIZES = (10, 1000, 4000)
+RUNS = 15
+POOL = '10.192.0.0/12'      # 4096 /24 subnets: room for 4001 slots
+HOST = ci.HostFacts(
+    ifnames=['lo', 'eth0', 'wg0'],
+    networks=[('192.0.2.0/24', 'eth0'), ('192.0.2.1/32', 'eth0'), ('10.192.0.0/24', 'wg0')],
+    ids=[0, 1, 2, 100, 1000, 65534], id_ranges=[(100000, 65536), (165536, 65536)])
+
+
+def timed(func, runs=RUNS):
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        func()
+        samples.append((time.perf_counter() - start) * 1000.0)
+    return min(samples), statistics.median(samples)
+
+
+def main():
+    settings = ci.Settings(pool=POOL, prefix=24)
+    tmp = tempfile.mkdtemp(prefix='chv-bench-')
+    try:
+        print('python %s; pool %s /24; %d runs each (best / median, ms)'
+              % (sys.version.split()[0], POOL, RUNS))
+        print('%8s %18s %18s %18s %18s %8s' % ('existing', 'allocate', 'dump', 'update (file I/O)',
+                                                'json.loads (ref)', 'ratio'))
+        results = {}
+        for size in SIZES:
+            ledger = ci.allocate(None, size, settings, HOST).ledger
+            names = ['slot%d' % i for i in range(size)] + ['new']
+            alloc = timed(lambda: ci.allocate(ledger, names, settings, HOST))
+            new = ci.allocate(ledger, names, settings, HOST).ledger
+            assert len(new['slots']) == size + 1
+            dump = timed(lambda: ci.dump_ledger(new))
+            path = os.path.join(tmp, 'identities-%d.json' % size)
+            ci.write_ledger_text(path, ci.dump_ledger(ledger))
+            counter = iter(range(RUNS))
+
+            def update():
+                # purge=False: each run adds one more slot (N, N+1, ...).
+                name = 'extra%d' % next(counter)
+                result = ci.update_ledger(path, [name], settings, HOST, purge=False)
+                assert result['added'] == [name]
+
+            upd = timed(update)
+            text = ci.dump_ledger(ledger)
+            ref = timed(lambda: json.loads(text))
+            results[size] = alloc
+            print('%8d %8.2f / %7.2f %8.2f / %7.2f %8.2f / %7.2f %8.2f / %7.2f %8.1f'
+                  % (size, alloc[0], alloc[1], dump[0], dump[1], upd[0], upd[1], ref[0], ref[1],
+                     alloc[0] / ref[0]))
+        ratio = results[4000][1] / results[10][1]
+        print('allocate at 4000 vs 10: x%.0f (median); target <= 20 ms at 4000: %s'
+              % (ratio, 'met' if results[4000][1] <= 20.0 else 'NOT met'))
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == '__main__':
+    main()

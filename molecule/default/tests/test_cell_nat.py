@@ -1,0 +1,238 @@
+"""chv.fleet.cell_nat on a lab guest, through real cells (chv-cell run).
+
+Each negative check runs beside a positive control from the same cell. The
+"outside" is a listener this test starts on the lab host, bound to the
+guest's default gateway (the lab host's end of the guest's veth): beyond
+the guest's uplink, and reachable from a cell only through the masquerade
+(the lab host has no route to the cell pool). It answers with the peer
+address it sees, so a reply proves the source was the guest's uplink address.
+
+Policy variants (deny list, allow list, uplink override, strict mode) are
+applied by re-running the role with ansible-playbook against the same
+inventory, and the scenario's own settings are restored at the end.
+Assumes site.yml converges chv.fleet.cell_runtime then chv.fleet.cell_nat
+with at least two slots (the default chv_cell_slots: 2).
+"""
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+OUT_PORT, DENIED_PORT, UNLISTED_PORT, GUEST_PORT, CELL_PORT = 18080, 18081, 18082, 18090, 17000
+LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
+
+PROBE = r"""
+import socket, sys
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.recv(100).decode().strip())
+except OSError as e:
+    print("FAIL", e); sys.exit(1)
+"""
+SERVE = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(8); s.settimeout(float(sys.argv[2]))
+try:
+    while True:
+        c, a = s.accept(); c.sendall((a[0] + "\n").encode()); c.close()
+except socket.timeout:
+    pass
+"""
+
+
+# ------------------------------------------------------------------ helpers
+
+def _lab_guest(host):
+    name = os.environ["MOLECULE_SCENARIO_NAME"]
+    record = json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
+    hostname = host.backend.get_hostname()
+    return next(g for g in record["guests"] if g["name"] == hostname)
+
+
+class _Outside(object):
+    """TCP listeners on the lab host that answer with the peer address."""
+
+    def __init__(self, address, ports):
+        self.socks = []
+        for port in ports:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(16)
+            self.socks.append(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    @staticmethod
+    def _serve(sock):
+        while True:
+            try:
+                conn, addr = sock.accept()
+            except OSError:
+                return
+            conn.sendall((addr[0] + "\n").encode())
+            conn.close()
+
+    def close(self):
+        for sock in self.socks:
+            sock.close()
+
+
+@pytest.fixture(scope="module")
+def lab(host):
+    guest = _lab_guest(host)
+    outside = _Outside(guest["host_address"], [OUT_PORT, DENIED_PORT, UNLISTED_PORT])
+    slots = json.loads(host.file("/var/lib/chv-fleet/identities.json").content_string)["slots"]
+    slots = sorted(slots.values(), key=lambda s: s["index"])
+    assert len(slots) >= 2, "the scenario needs two slots"
+    host.run("systemd-run --unit cnt-guest-listen --collect python3 -c %s %s 600", SERVE, GUEST_PORT)
+    try:
+        uplink = json.loads(host.check_output("ip -j -4 route show default"))[0]["dev"]
+        yield {"guest": guest, "out": guest["host_address"], "uplink_addr": guest["address"], "slots": slots,
+               "uplink": uplink}
+    finally:
+        host.run("systemctl stop cnt-guest-listen cnt-cellb")
+        outside.close()
+
+
+def in_cell(host, slot, addr, port):
+    """Probe addr:port from a fresh cell in slot; the echoed peer address or None."""
+    cmd = "chv-cell run --slot %s -- python3 -c %s %s %d" % (slot, shlex.quote(PROBE), addr, port)
+    out = host.run(cmd)
+    lines = out.stdout.strip().splitlines() or [""]
+    if out.rc == 0:
+        return lines[-1].strip()
+    # Only a network failure of the probe counts as "unreachable"; a cell that
+    # did not start is an error, never a passing negative test.
+    assert lines[-1].startswith("FAIL"), "cell did not run: rc=%d %s %s" % (out.rc, out.stdout, out.stderr)
+    return None
+
+
+def counters(host):
+    out = host.check_output("nft -j list counters table inet chv_cell")
+    return {i["counter"]["name"]: i["counter"]["packets"] for i in json.loads(out)["nftables"] if "counter" in i}
+
+
+def converge(extra_vars, expect_ok=True):
+    """Re-run cell_nat alone (slots from the ledger) on the scenario's inventory with extra variables."""
+    play = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "cell_nat_variant.yml"
+    play.write_text(
+        "- hosts: all\n  become: true\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role:\n        name: chv.fleet.cell_nat\n")
+    proc = subprocess.run(
+        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(play),
+         "-e", json.dumps(extra_vars)],
+        capture_output=True, text=True, check=False, timeout=600)
+    if expect_ok:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc
+
+
+# -------------------------------------------------------------------- tests
+
+def test_unit_table_and_forwarding(host):
+    assert host.service("chv-cell-nat").is_enabled
+    assert host.service("chv-cell-nat").is_running           # oneshot, RemainAfterExit: active
+    assert host.run("nft list table inet chv_cell").rc == 0
+    assert host.file("/proc/sys/net/ipv4/ip_forward").content_string.strip() == "1"
+    assert "flush ruleset" not in host.file("/etc/chv-fleet/nft/cell-nat.nft").content_string
+
+
+def test_cell_reaches_outside_through_masquerade(host, lab):
+    slot0 = lab["slots"][0]["name"]
+    before = counters(host)
+    assert in_cell(host, slot0, lab["out"], OUT_PORT) == lab["uplink_addr"]
+    after = counters(host)
+    assert after["nat_masquerade"] > before["nat_masquerade"]
+    assert after[slot0 + "_accepted"] > before[slot0 + "_accepted"]
+
+
+def test_cell_cannot_reach_second_cell(host, lab):
+    s0, s1 = lab["slots"][0], lab["slots"][1]
+    host.run("systemd-run --unit cnt-cellb --collect chv-cell run --slot %s -- python3 -c %s %s 60",
+             s1["name"], SERVE, CELL_PORT)
+    host.run("for i in $(seq 50); do [ -e /run/chv-fleet/cells/%s.json ] && break; sleep 0.2; done" % s1["name"])
+    try:
+        # positive control: the second cell listens (the guest itself may reach it)
+        assert host.run("python3 -c %s %s %s", PROBE, s1["address"], CELL_PORT).rc == 0
+        before = counters(host)
+        assert in_cell(host, s0["name"], s1["address"], CELL_PORT) is None
+        assert in_cell(host, s0["name"], lab["out"], OUT_PORT) == lab["uplink_addr"]
+        assert counters(host)["drop_cell_to_cell"] > before["drop_cell_to_cell"]
+    finally:
+        host.run("systemctl stop cnt-cellb")
+
+
+def test_cell_cannot_reach_guest_tcp_service(host, lab):
+    s0 = lab["slots"][0]
+    # positive control: the guest's listener answers from the lab host
+    with socket.create_connection((lab["uplink_addr"], GUEST_PORT), timeout=3) as conn:
+        assert conn.recv(100)
+    before = counters(host)
+    assert in_cell(host, s0["name"], s0["gateway"], GUEST_PORT) is None
+    assert in_cell(host, s0["name"], lab["uplink_addr"], GUEST_PORT) is None
+    assert in_cell(host, s0["name"], lab["out"], OUT_PORT) == lab["uplink_addr"]
+    assert counters(host)["drop_cell_to_guest"] >= before["drop_cell_to_guest"] + 2
+
+
+def test_metadata_address_dropped(host, lab):
+    s0 = lab["slots"][0]["name"]
+    before = counters(host)
+    assert in_cell(host, s0, "169.254.169.254", 80) is None
+    assert in_cell(host, s0, lab["out"], OUT_PORT) == lab["uplink_addr"]
+    assert counters(host)["drop_link_local"] > before["drop_link_local"]
+
+
+def test_deny_and_allow_lists(host, lab):
+    s0, out, me = lab["slots"][0]["name"], lab["out"], lab["uplink_addr"]
+    try:
+        converge({"cell_nat_egress_deny": [{"cidr": out, "proto": "tcp", "ports": [DENIED_PORT]}]})
+        assert in_cell(host, s0, out, DENIED_PORT) is None
+        assert in_cell(host, s0, out, OUT_PORT) == me
+        assert in_cell(host, s0, out, UNLISTED_PORT) == me           # no allow list: open
+        converge({"cell_nat_egress_allow": [{"cidr": out, "proto": "tcp", "ports": ["%d-%d" % (OUT_PORT, DENIED_PORT)]}],
+                  "cell_nat_egress_deny": [{"cidr": out, "proto": "tcp", "ports": [DENIED_PORT]}]})
+        before = counters(host)
+        assert in_cell(host, s0, out, OUT_PORT) == me                  # listed
+        assert in_cell(host, s0, out, UNLISTED_PORT) is None          # not listed
+        assert in_cell(host, s0, out, DENIED_PORT) is None            # listed, but denied
+        after = counters(host)
+        assert after["drop_not_allowed"] > before["drop_not_allowed"]
+        assert after["drop_denied"] > before["drop_denied"]
+    finally:
+        converge({})
+    assert in_cell(host, s0, out, UNLISTED_PORT) == me
+
+
+def test_uplink_override_replaces_every_reference(host, lab):
+    s0, uplink = lab["slots"][0]["name"], lab["uplink"]
+    try:
+        converge({"cell_nat_uplink": "lo"})
+        table = host.check_output("nft -j list table inet chv_cell")
+        assert '"%s"' % uplink not in table and '"lo"' in table
+        assert in_cell(host, s0, lab["out"], OUT_PORT) is None       # fails closed
+    finally:
+        converge({})
+    table = host.check_output("nft -j list table inet chv_cell")
+    assert '"lo"' not in table and '"%s"' % uplink in table
+    assert in_cell(host, s0, lab["out"], OUT_PORT) == lab["uplink_addr"]
+
+
+def test_foreign_drop_chain_reported_and_strict_fails(host, lab):
+    host.check_output("nft 'add table ip cnt_foreign; add chain ip cnt_foreign FORWARD "
+                      "{ type filter hook forward priority 0; policy drop; }'")
+    try:
+        proc = converge({})
+        assert "table ip cnt_foreign, chain FORWARD (hook forward, priority 0): policy drop" in \
+            proc.stdout + proc.stderr
+        proc = converge({"cell_nat_strict": True}, expect_ok=False)
+        assert proc.returncode != 0 and "cell_nat_strict is set" in proc.stdout + proc.stderr
+    finally:
+        host.run("nft delete table ip cnt_foreign")
+    assert in_cell(host, lab["slots"][0]["name"], lab["out"], OUT_PORT) == lab["uplink_addr"]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): allocate one more slot with N slots already in
 the ledger, N in 10, 1000, 4000.  Target: <= 20 ms at 4000 for the logic.
 
@@ -39,7 +38,7 @@ HOST = ci.HostFacts(
 
 def timed(func, runs=RUNS):
     samples = []
-    for _ in range(runs):
+    for dummy in range(runs):
         start = time.perf_counter()
         func()
         samples.append((time.perf_counter() - start) * 1000.0)

@@ -493,18 +493,18 @@ def _validate(data, path, settings=None):
         s_uid_all = settings.uid_mode != uid_mode
         s_shared = None if settings.uid_mode != 'shared' else settings.shared_uid
     for key, rec in slots.items():
-        if type(rec) is not dict or rec.keys() != fields:
+        if not isinstance(rec, dict) or rec.keys() != fields:
             bad('slot %r is not an object with exactly the fields %s'
                 % (key, ', '.join(RECORD_FIELDS)))
         name = rec['name']
         if name != key:
             bad('slot %r: name %r does not match its key' % (key, name))
         index = rec['index']
-        if type(index) is not int or index < 0:
+        if not _is_int(index) or index < 0:
             bad('slot %r: index %r is not a non-negative integer' % (key, index))
         machine = rec['machine']
         host_ifname = rec['host_ifname']
-        if type(machine) is not str or type(host_ifname) is not str:
+        if not isinstance(machine, str) or not isinstance(host_ifname, str):
             bad('slot %r: machine %r / host_ifname %r are not strings' % (key, machine, host_ifname))
         cell_ifname = rec['cell_ifname']
         if cell_ifname not in ok_cell_ifnames:
@@ -513,7 +513,7 @@ def _validate(data, path, settings=None):
                     % (key, cell_ifname, IFNAMSIZ_MAX))
             ok_cell_ifnames.add(cell_ifname)
         subnet = rec['subnet']
-        addr, _sep, plen = subnet.partition('/') if type(subnet) is str else ('', '', '')
+        addr, _sep, plen = subnet.partition('/') if isinstance(subnet, str) else ('', '', '')
         try:
             packed = inet_aton(addr)
         except (OSError, ValueError):
@@ -522,7 +522,7 @@ def _validate(data, path, settings=None):
                 or unpack(packed)[0] & ((1 << (32 - _PLENS[plen])) - 1):
             bad('slot %r: subnet %r is not a canonical IPv4 network' % (key, subnet))
         net = unpack(packed)[0]
-        if plen != plen_text or rec['prefixlen'] != prefix or type(rec['prefixlen']) is not int:
+        if plen != plen_text or rec['prefixlen'] != prefix or not _is_int(rec['prefixlen']):
             bad('slot %r: subnet %s / prefixlen %r differ from the ledger prefix /%d'
                 % (key, subnet, rec['prefixlen'], prefix))
         if not pool_start <= net <= pool_end:
@@ -531,7 +531,7 @@ def _validate(data, path, settings=None):
             bad('slot %r: gateway %r / address %r are not the first two host addresses of %s'
                 % (key, rec['gateway'], rec['address'], subnet))
         base, size = rec['uid_base'], rec['uid_size']
-        if type(base) is not int or size != UID_RANGE_SIZE or type(size) is not int \
+        if not _is_int(base) or size != UID_RANGE_SIZE or not _is_int(size) \
                 or base < 0 or base + size - 1 > UID_MAX:
             bad('slot %r: uid_base %r / uid_size %r are not a %d-UID range'
                 % (key, base, size, UID_RANGE_SIZE))
@@ -555,16 +555,16 @@ def _validate(data, path, settings=None):
     # Names, machines and host interface names, checked a column at a time.
     if not _column_ok(_SLOT_NAME, list(slots), 31):
         for key in slots:
-            if type(key) is not str or not slot_match(key):
+            if not isinstance(key, str) or not slot_match(key):
                 bad('slot %r: the name does not match %s' % (key, SLOT_NAME_RE.pattern))
     if not _column_ok(_MACHINE, list(by_machine), MACHINE_NAME_MAX):
         for machine, key in by_machine.items():
-            if type(machine) is not str or len(machine) > MACHINE_NAME_MAX \
+            if not isinstance(machine, str) or len(machine) > MACHINE_NAME_MAX \
                     or not machine_match(machine):
                 bad('slot %r: machine %r is not a valid machine name' % (key, machine))
     if not _column_ok(_IFNAME, list(by_host_ifname), IFNAMSIZ_MAX):
         for host_ifname, key in by_host_ifname.items():
-            if type(host_ifname) is not str or len(host_ifname) > IFNAMSIZ_MAX \
+            if not isinstance(host_ifname, str) or len(host_ifname) > IFNAMSIZ_MAX \
                     or not ifname_match(host_ifname):
                 bad('slot %r: host_ifname %r is not an interface name of at most %d bytes'
                     % (key, host_ifname, IFNAMSIZ_MAX))

@@ -32,7 +32,7 @@ description:
     is written. O(recover=true) rebuilds it from the live host instead.
   - Runs with the Python standard library only (no netaddr on targets).
 author:
-  - chv.fleet contributors
+  - chv.fleet maintainers (@chv-fleet)
 attributes:
   check_mode:
     support: full
@@ -41,6 +41,7 @@ attributes:
     support: full
     description: Shows the ledger before and after, one line per slot.
   platform:
+    support: full
     platforms: posix
     description: Needs Linux for the live-host checks (C(ip -j), C(/sys/class/net), C(/proc)).
 options:

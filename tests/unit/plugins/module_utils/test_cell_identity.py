@@ -632,7 +632,7 @@ POOL_NET = ipaddress.ip_network('10.200.0.0/22')
 @st.composite
 def host_facts(draw):
     nets = []
-    for _ in range(draw(st.integers(0, 4))):
+    for dummy in range(draw(st.integers(0, 4))):
         base = draw(st.integers(int(POOL_NET.network_address) - 512,
                                 int(POOL_NET.broadcast_address) + 512))
         plen = draw(st.integers(22, 32))
@@ -641,7 +641,7 @@ def host_facts(draw):
     ifnames = ['chvh%d' % i for i in draw(st.sets(st.integers(0, 15), max_size=3))]
     ids = draw(st.lists(st.integers(0x80000, 0x80000 + 20 * 65536), max_size=3)) + [0, 1000]
     ranges = [(draw(st.integers(0x80000, 0x80000 + 20 * 65536)), draw(st.integers(1, 200000)))
-              for _ in range(draw(st.integers(0, 2)))]
+              for dummy in range(draw(st.integers(0, 2)))]
     return ci.HostFacts(ifnames=ifnames, networks=nets, ids=ids, id_ranges=ranges)
 
 

@@ -47,7 +47,7 @@ def test_sixteen_processes_allocate_without_duplicates(tmp_path):
              for i in range(WRITERS)]
     for proc in procs:
         proc.start()
-    results = [queue.get(timeout=120) for _ in procs]
+    results = [queue.get(timeout=120) for dummy in procs]
     for proc in procs:
         proc.join(60)
         assert proc.exitcode == 0

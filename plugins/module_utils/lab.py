@@ -30,6 +30,8 @@ DISTROS = {
 BASE_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "python3", "openssh-server", "sudo",
     "iproute2", "iputils-ping", "procps", "ca-certificates",
+    # what Ansible's apt and package_facts modules need on Debian targets
+    "python3-apt",
 ]
 
 # Host-side veth is "ve-" + machine name and must fit IFNAMSIZ (15 bytes).

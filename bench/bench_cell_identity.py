@@ -51,8 +51,8 @@ def main():
     try:
         print('python %s; pool %s /24; %d runs each (best / median, ms)'
               % (sys.version.split()[0], POOL, RUNS))
-        print('%8s %18s %18s %18s %18s %8s' % ('existing', 'allocate', 'dump', 'update (file I/O)',
-                                                'json.loads (ref)', 'ratio'))
+        header = ('existing', 'allocate', 'dump', 'update (file I/O)', 'json.loads (ref)', 'ratio')
+        print('%8s %18s %18s %18s %18s %8s' % header)
         results = {}
         for size in SIZES:
             ledger = ci.allocate(None, size, settings, HOST).ledger

@@ -1098,7 +1098,8 @@ class LedgerLock:
         else:
             directory = os.path.dirname(self.path) or '.'
             if not os.path.isdir(directory):
-                os.makedirs(directory, 0o700)
+                # exist_ok: a concurrent run may create it between the two calls.
+                os.makedirs(directory, 0o700, exist_ok=True)
             self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             op = fcntl.LOCK_EX
         deadline = time.monotonic() + self.timeout

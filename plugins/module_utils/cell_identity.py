@@ -493,18 +493,18 @@ def _validate(data, path, settings=None):
         s_uid_all = settings.uid_mode != uid_mode
         s_shared = None if settings.uid_mode != 'shared' else settings.shared_uid
     for key, rec in slots.items():
-        if not isinstance(rec, dict) or rec.keys() != fields:
+        if rec.__class__ is not dict or rec.keys() != fields:
             bad('slot %r is not an object with exactly the fields %s'
                 % (key, ', '.join(RECORD_FIELDS)))
         name = rec['name']
         if name != key:
             bad('slot %r: name %r does not match its key' % (key, name))
         index = rec['index']
-        if not _is_int(index) or index < 0:
+        if index.__class__ is not int or index < 0:  # exact int: no bool
             bad('slot %r: index %r is not a non-negative integer' % (key, index))
         machine = rec['machine']
         host_ifname = rec['host_ifname']
-        if not isinstance(machine, str) or not isinstance(host_ifname, str):
+        if machine.__class__ is not str or host_ifname.__class__ is not str:
             bad('slot %r: machine %r / host_ifname %r are not strings' % (key, machine, host_ifname))
         cell_ifname = rec['cell_ifname']
         if cell_ifname not in ok_cell_ifnames:
@@ -522,7 +522,7 @@ def _validate(data, path, settings=None):
                 or unpack(packed)[0] & ((1 << (32 - _PLENS[plen])) - 1):
             bad('slot %r: subnet %r is not a canonical IPv4 network' % (key, subnet))
         net = unpack(packed)[0]
-        if plen != plen_text or rec['prefixlen'] != prefix or not _is_int(rec['prefixlen']):
+        if plen != plen_text or rec['prefixlen'] != prefix or rec['prefixlen'].__class__ is not int:
             bad('slot %r: subnet %s / prefixlen %r differ from the ledger prefix /%d'
                 % (key, subnet, rec['prefixlen'], prefix))
         if not pool_start <= net <= pool_end:
@@ -531,7 +531,7 @@ def _validate(data, path, settings=None):
             bad('slot %r: gateway %r / address %r are not the first two host addresses of %s'
                 % (key, rec['gateway'], rec['address'], subnet))
         base, size = rec['uid_base'], rec['uid_size']
-        if not _is_int(base) or size != UID_RANGE_SIZE or not _is_int(size) \
+        if base.__class__ is not int or size != UID_RANGE_SIZE or size.__class__ is not int \
                 or base < 0 or base + size - 1 > UID_MAX:
             bad('slot %r: uid_base %r / uid_size %r are not a %d-UID range'
                 % (key, base, size, UID_RANGE_SIZE))
@@ -705,6 +705,9 @@ def normalize_slots(slots):
         return ['slot%d' % i for i in range(slots)]
     if not isinstance(slots, (list, tuple)):
         raise AllocationError('slots', 'slots must be a list of names or a count, not %r' % (slots,))
+    names = list(slots)
+    if _column_ok(_SLOT_NAME, names, 31) and len(set(names)) == len(names):
+        return names
     names, seen = [], set()
     for name in slots:
         if not isinstance(name, str) or not SLOT_NAME_RE.match(name):

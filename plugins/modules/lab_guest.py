@@ -115,7 +115,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -197,10 +196,10 @@ class Guest(object):
             except OSError:
                 pass
         if os.path.exists("/sys/class/net/" + self.ifname):
-            subprocess.call(["ip", "link", "del", self.ifname], stderr=subprocess.DEVNULL)
+            self.m.run_command(["ip", "link", "del", self.ifname])
         if os.path.isdir(self.dir):
             for mp in lab.mounts_under(self.dir):
-                subprocess.call(["umount", "-l", mp], stderr=subprocess.DEVNULL)
+                self.m.run_command(["umount", "-l", mp])
             shutil.rmtree(self.dir, ignore_errors=True)
         prop = os.path.join(lab.PROPAGATE_DIR, self.name)
         if os.path.lexists(prop):
@@ -226,27 +225,40 @@ class Guest(object):
         self.run(["ssh-keygen", "-A", "-f", self.root])  # per-guest host keys
 
     def boot(self):
-        p = self.m.params
-        cmd = [self.m.get_bin_path("systemd-nspawn", required=True), "-b", "-D", self.root, "-M", self.name,
-               "--register=no", "--keep-unit", "--network-veth", "--resolv-conf=off",
-               "--timezone=off", "--link-journal=no"]
-        env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
-        cgroups = self.cgroups
-        with open(self.console, "wb") as console:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True, close_fds=True,
-                                    preexec_fn=lambda: lab.enter_cgroups(cgroups))
-        self.write(self.state_file, json.dumps({"pid": proc.pid, "address": p["address"]}) + "\n", 0o600)
-        return proc
+        """Start nspawn detached (own session via setsid, own cgroups) and return its pid.
 
-    def configure_network(self, proc):
+        The shell moves itself into the guest's cgroups, redirects its output to
+        the console log and execs nspawn, so the pid it records is nspawn's."""
+        p = self.m.params
+        nspawn = self.m.get_bin_path("systemd-nspawn", required=True)
+        pid_file = os.path.join(self.dir, "nspawn.pid")
+        script = ('exec >"$1" 2>&1 </dev/null; shift; '
+                  'for cg in $CHV_LAB_CGROUPS; do mkdir -p "$cg" && echo $$ > "$cg/cgroup.procs" || exit 97; done; '
+                  'echo $$ > "$CHV_LAB_PIDFILE"; exec "$@"')
+        cmd = [self.m.get_bin_path("setsid", required=True), "-f", "/bin/sh", "-c", script, "sh", self.console,
+               nspawn, "-b", "-D", self.root, "-M", self.name, "--register=no", "--keep-unit",
+               "--network-veth", "--resolv-conf=off", "--timezone=off", "--link-journal=no"]
+        env = dict(SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1", CHV_LAB_CGROUPS=" ".join(self.cgroups),
+                   CHV_LAB_PIDFILE=pid_file)
+        self.run(cmd, environ_update=env)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(pid_file) or not open(pid_file).read().strip():
+            if time.monotonic() > deadline:
+                raise lab.LabError("systemd-nspawn did not start within 10 s")
+            time.sleep(0.01)
+        with open(pid_file) as f:
+            pid = int(f.read())
+        self.write(self.state_file, json.dumps({"pid": pid, "address": p["address"]}) + "\n", 0o600)
+        return pid
+
+    def configure_network(self, pid):
         p = self.m.params
         deadline = time.monotonic() + 15
         leader = None
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise lab.LabError("systemd-nspawn exited with %s" % proc.returncode)
-            leader = self.leader(proc.pid)
+            if not lab.pid_alive(pid):
+                raise lab.LabError("systemd-nspawn exited")
+            leader = self.leader(pid)
             if leader and os.path.exists("/sys/class/net/" + self.ifname):
                 break
             time.sleep(0.02)
@@ -261,12 +273,12 @@ class Guest(object):
         self.run(ns + ["route", "replace", "default", "via", p["host_address"]])
         return leader
 
-    def wait_ssh(self, proc):
+    def wait_ssh(self, pid):
         p = self.m.params
         deadline = time.monotonic() + p["boot_timeout"]
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise lab.LabError("systemd-nspawn exited with %s during boot" % proc.returncode)
+            if not lab.pid_alive(pid):
+                raise lab.LabError("systemd-nspawn exited during boot")
             try:
                 with socket.create_connection((p["address"], 22), timeout=0.5) as s:
                     if s.recv(4).startswith(b"SSH-"):
@@ -276,8 +288,8 @@ class Guest(object):
             time.sleep(0.1)
         raise lab.LabError("sshd on %s did not answer within %d s" % (p["address"], p["boot_timeout"]))
 
-    def run(self, cmd):
-        rc, out, err = self.m.run_command(cmd)
+    def run(self, cmd, environ_update=None):
+        rc, out, err = self.m.run_command(cmd, environ_update=environ_update)
         if rc != 0:
             raise lab.LabError("%s failed (rc=%d): %s" % (" ".join(cmd), rc, err.strip()))
         return out
@@ -335,15 +347,15 @@ def main():
     start = time.monotonic()
     try:
         guest.prepare_root()
-        proc = guest.boot()
-        leader = guest.configure_network(proc)
-        guest.wait_ssh(proc)
+        pid = guest.boot()
+        leader = guest.configure_network(pid)
+        guest.wait_ssh(pid)
     except (lab.LabError, OSError) as exc:
         console = lab.tail(guest.console)
         guest.destroy()
         module.fail_json(msg="guest %s failed to boot: %s" % (guest.name, exc), console_tail=console,
                          left_behind=guest.remnants())
-    module.exit_json(changed=True, pid=proc.pid, leader=leader, boot_seconds=round(time.monotonic() - start, 2))
+    module.exit_json(changed=True, pid=pid, leader=leader, boot_seconds=round(time.monotonic() - start, 2))
 
 
 if __name__ == "__main__":

@@ -318,9 +318,9 @@ def main():
                                purge=p['purge'], reassign=p['reassign'], recover=p['recover'],
                                check_mode=module.check_mode, lock_timeout=p['lock_timeout'])
     except LedgerError as exc:
-        module.fail_json(msg='%s. Nothing was written; restore the file or run again with '
-                             'recover: true to rebuild it from the live host.' % exc,
-                         ledger=p['ledger'])
+        hint = '' if 'recover: true' in str(exc) else (
+            '; restore the file or run again with recover: true to rebuild it from the live host')
+        module.fail_json(msg='%s%s. Nothing was written.' % (exc, hint), ledger=p['ledger'])
     except AllocationError as exc:
         module.fail_json(msg='%s. Nothing was written.' % exc, param=exc.param, ledger=p['ledger'])
     except (CellIdentityError, OSError) as exc:

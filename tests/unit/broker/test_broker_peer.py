@@ -2,7 +2,7 @@
 import json
 import os
 
-from conftest import CELL_UID, client_argv, client_env, needs_root, write_record
+from broker_helpers import CELL_UID, client_argv, client_env, needs_root, write_record
 
 pytestmark = needs_root
 

@@ -9,7 +9,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import BrokerProc, client_argv, client_env, needs_root, write_record, wire
+from broker_helpers import BrokerProc, client_argv, client_env, needs_root, write_record, wire
 
 pytestmark = needs_root
 
@@ -129,7 +129,7 @@ def _find_pids(marker):
 
 def test_killed_mid_request_then_restarted(env, cell):
     """The client of a broker killed mid-request gets an error; the restarted broker serves the next."""
-    from conftest import make_listener
+    from broker_helpers import make_listener
     cfg = json.load(open(env["config"]))
     marker = "29.%d" % os.getpid()
     cfg["sync"]["commands"] = {"status": ["sleep", marker]}

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import CELL_UID, client_argv, client_env, needs_root, write_record
+from broker_helpers import CELL_UID, client_argv, client_env, needs_root, write_record
 
 pytestmark = needs_root
 
@@ -152,7 +152,7 @@ def test_credential_fd_reaches_helper(workspaces, inproc, env):
         fh.write("https://bot:tok@git.example.org\n")
     os.chmod(cred, 0o600)
     inproc.cfg["sync"]["credentials_file"] = cred
-    from conftest import FILES, SYNC_PYTHON
+    from broker_helpers import FILES, SYNC_PYTHON
     inproc.cfg["sync"]["commands"] = {"status": [
         "sh", "-c", 'printf "protocol=https\\nhost=git.example.org\\n\\n" | %s -I %s get'
         % (SYNC_PYTHON, os.path.join(FILES, "chv_broker", "credential.py"))]}

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from conftest import needs_browser
+from browser_helpers import needs_browser
 
 pytestmark = needs_browser
 

@@ -45,3 +45,12 @@ def test_truncate_bounds(text, max_lines, max_bytes):
     assert len(out.split("\n")) <= max_lines
     assert text.startswith(out)
     assert cut == (out != text)
+
+
+def test_wire_module_is_the_brokers():
+    """Both services ship the same framing code (each role installs its own copy): keep them identical."""
+    import os
+    from browser_helpers import FILES, ROOT
+    with open(os.path.join(FILES, "chv_browser", "wire.py"), "rb") as a, \
+            open(os.path.join(ROOT, "roles", "broker", "files", "chv_broker", "wire.py"), "rb") as b:
+        assert a.read() == b.read()

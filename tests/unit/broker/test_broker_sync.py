@@ -173,3 +173,19 @@ def test_sync_from_a_real_cell_for_another_slot_is_refused(workspaces, broker_pr
                                         "repo": os.path.join(workspaces["ws"], "slot1", "repo")}),
                      env=client_env(sock))
     assert json.loads(other.stdout)["ok"] is False
+
+
+def test_confine_directly(scratch):
+    """confine() itself refuses escapes (prepare() re-checks the pinned cwd as a second guard)."""
+    from chv_broker.syncrun import Rejected, confine
+    ws = os.path.join(scratch, "ws")
+    os.makedirs(os.path.join(ws, "repo"))
+    os.makedirs(os.path.join(scratch, "other"))
+    os.symlink(os.path.join(scratch, "other"), os.path.join(ws, "out"))
+    os.symlink("repo", os.path.join(ws, "in"))
+    assert confine(ws, "repo") == os.path.realpath(os.path.join(ws, "repo"))
+    assert confine(ws, "in") == os.path.realpath(os.path.join(ws, "repo"))
+    assert confine(ws, os.path.join(ws, "repo")) == os.path.realpath(os.path.join(ws, "repo"))
+    for bad in ("../other", "out", os.path.join(scratch, "other"), "/", "repo/../../other", "missing", ""):
+        with pytest.raises(Rejected):
+            confine(ws, bad)

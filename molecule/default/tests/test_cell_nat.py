@@ -91,7 +91,7 @@ def lab(host):
     slots = json.loads(host.file("/var/lib/chv-fleet/identities.json").content_string)["slots"]
     slots = sorted(slots.values(), key=lambda s: s["index"])
     assert len(slots) >= 2, "the scenario needs two slots"
-    host.run("systemd-run --unit cnt-guest-listen --collect python3 -c %s %s 600", SERVE, GUEST_PORT)
+    host.run("systemd-run --unit cnt-guest-listen --collect python3 -c %s %s 600", SERVE, str(GUEST_PORT))
     try:
         uplink = json.loads(host.check_output("ip -j -4 route show default"))[0]["dev"]
         yield {"guest": guest, "out": guest["host_address"], "uplink_addr": guest["address"], "slots": slots,
@@ -141,7 +141,10 @@ def test_unit_table_and_forwarding(host):
     assert host.service("chv-cell-nat").is_running           # oneshot, RemainAfterExit: active
     assert host.run("nft list table inet chv_cell").rc == 0
     assert host.file("/proc/sys/net/ipv4/ip_forward").content_string.strip() == "1"
-    assert "flush ruleset" not in host.file("/etc/chv-fleet/nft/cell-nat.nft").content_string
+    statements = [ln.strip() for ln in host.file("/etc/chv-fleet/nft/cell-nat.nft").content_string.splitlines()
+                  if ln.strip() and not ln.strip().startswith("#")]
+    assert not [ln for ln in statements if ln.startswith("flush ruleset")]
+    assert statements[:2] == ["table inet chv_cell {}", "delete table inet chv_cell"]
 
 
 def test_cell_reaches_outside_through_masquerade(host, lab):
@@ -156,11 +159,11 @@ def test_cell_reaches_outside_through_masquerade(host, lab):
 def test_cell_cannot_reach_second_cell(host, lab):
     s0, s1 = lab["slots"][0], lab["slots"][1]
     host.run("systemd-run --unit cnt-cellb --collect chv-cell run --slot %s -- python3 -c %s %s 60",
-             s1["name"], SERVE, CELL_PORT)
+             s1["name"], SERVE, str(CELL_PORT))
     host.run("for i in $(seq 50); do [ -e /run/chv-fleet/cells/%s.json ] && break; sleep 0.2; done" % s1["name"])
     try:
         # positive control: the second cell listens (the guest itself may reach it)
-        assert host.run("python3 -c %s %s %s", PROBE, s1["address"], CELL_PORT).rc == 0
+        assert host.run("python3 -c %s %s %s", PROBE, s1["address"], str(CELL_PORT)).rc == 0
         before = counters(host)
         assert in_cell(host, s0["name"], s1["address"], CELL_PORT) is None
         assert in_cell(host, s0["name"], lab["out"], OUT_PORT) == lab["uplink_addr"]

@@ -95,7 +95,7 @@ def test_isolation_each_beside_its_control(host, policy):
 
     def serve():
         try:
-            c, _ = srv.accept()
+            c, dummy = srv.accept()
             c.sendall(b"hello")
             c.close()
         except OSError:

@@ -6,7 +6,6 @@ The tests need root (SO_PEERCRED of other uids, setuid for the sync worker,
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -76,7 +75,7 @@ class Cell:
         """Run argv inside this cell's pid namespace as ``uid``."""
         cmd = ["nsenter", "-t", str(self.pid), "--pid", "--",
                "setpriv", "--reuid=%d" % uid, "--regid=%d" % uid, "--clear-groups", "--"] + argv
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=15, **kw)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=15, **kw, check=False)
 
     def close(self):
         # --kill-child: the namespace's init dies with unshare, and the kernel kills the rest

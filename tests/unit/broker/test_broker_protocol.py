@@ -81,7 +81,7 @@ def test_browser_forward_carries_the_slot(inproc, env):
     import threading
 
     def fake():
-        c, _ = srv.accept()
+        c, dummy = srv.accept()
         with c:
             req = wire.parse_object(wire.read_line(c, 65536, 5))
             seen.append(req)

@@ -30,7 +30,7 @@ PY = os.environ.get("CHV_BROWSER_PYTHON", sys.executable)
 
 def _playwright_ok():
     try:
-        r = subprocess.run([PY, "-c", "import playwright.sync_api"], capture_output=True, timeout=30)
+        r = subprocess.run([PY, "-c", "import playwright.sync_api"], capture_output=True, timeout=30, check=False)
         return r.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False

@@ -103,4 +103,4 @@ def test_chromium_runs_sandboxed_as_the_service_user(browser):
     for pid, uid, cmd in kids:
         assert b"--no-sandbox" not in cmd
         assert os.readlink("/proc/%s/ns/user" % pid) != os.readlink("/proc/self/ns/user")  # namespace sandbox
-    assert b"--remote-debugging-port" not in b"".join(c for _, _, c in kids)
+    assert b"--remote-debugging-port" not in b"".join(c for dummy, dummy, c in kids)

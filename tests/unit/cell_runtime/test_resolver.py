@@ -30,7 +30,7 @@ def test_upstream_file_listing_only_loopback_fails():
 
 
 def test_mixed_keeps_only_non_loopback():
-    servers, _ = resolver.effective_upstream("nameserver 127.0.0.1\nnameserver 198.51.100.1\n", UPSTREAM)
+    servers, dummy = resolver.effective_upstream("nameserver 127.0.0.1\nnameserver 198.51.100.1\n", UPSTREAM)
     assert servers == ["198.51.100.1"]
 
 
@@ -45,13 +45,13 @@ def test_override_loopback_refused():
 
 
 def test_link_local_and_zone_ids_dropped():
-    servers, _ = resolver.effective_upstream("nameserver fe80::1%eth0\nnameserver 203.0.113.5\n")
+    servers, dummy = resolver.effective_upstream("nameserver fe80::1%eth0\nnameserver 203.0.113.5\n")
     assert servers == ["203.0.113.5"]
 
 
 def test_comments_garbage_and_limit_three():
     text = "nameserver 1.1.1.1 # c\n; x\nnameserver nonsense\nnameserver 1.0.0.1\nnameserver 8.8.8.8\nnameserver 8.8.4.4\n"
-    servers, _ = resolver.effective_upstream(text)
+    servers, dummy = resolver.effective_upstream(text)
     assert servers == ["1.1.1.1", "1.0.0.1", "8.8.8.8"]
 
 
@@ -70,7 +70,7 @@ def test_never_hands_out_loopback(host, upstream):
     host_text = "".join("nameserver %s\n" % a for a in host)
     up_text = "".join("nameserver %s\n" % a for a in upstream)
     try:
-        servers, _ = resolver.effective_upstream(host_text, up_text)
+        servers, dummy = resolver.effective_upstream(host_text, up_text)
     except resolver.ResolverError:
         return
     import ipaddress

@@ -54,7 +54,7 @@ def main(argv, stdin, stdout, environ):
         line = line.rstrip("\n")
         if not line:
             break
-        k, _, v = line.partition("=")
+        k, dummy, v = line.partition("=")
         attrs[k] = v
     fd = environ.get("CHV_BROKER_CRED_FD")
     if not fd or "protocol" not in attrs or "host" not in attrs:

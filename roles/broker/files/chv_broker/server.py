@@ -245,7 +245,7 @@ class Broker:
         listener.settimeout(0.25)  # how quickly stop() is noticed
         while not self._stop.is_set():
             try:
-                conn, _ = listener.accept()
+                conn, dummy = listener.accept()
             except socket.timeout:
                 continue
             except OSError:

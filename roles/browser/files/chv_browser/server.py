@@ -260,7 +260,7 @@ class Server:
         listener.settimeout(0.25)
         while not self._stop.is_set():
             try:
-                conn, _ = listener.accept()
+                conn, dummy = listener.accept()
             except socket.timeout:
                 continue
             if not slots.acquire(blocking=False):

@@ -87,6 +87,6 @@ def claim_any(lock_paths, timeout, poll=0.05, sleep=time.sleep, clock=time.monot
             except SlotBusy:
                 continue
         if clock() >= deadline:
-            raise SlotBusy(", ".join(k for k, _ in lock_paths))
+            raise SlotBusy(", ".join(k for k, dummy in lock_paths))
         sleep(min(delay, max(0.0, deadline - clock())))
         delay = min(delay * 1.5, 0.5)

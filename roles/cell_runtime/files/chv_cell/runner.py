@@ -117,7 +117,7 @@ def remove_cgroup_tree(top, kill=False, wait=2.0):
             break
         time.sleep(0.02)
     for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
-        for _ in range(50):
+        for dummy in range(50):
             try:
                 os.rmdir(dirpath)
                 break
@@ -293,7 +293,7 @@ class Launcher:
         """Sleep, returning early on a stop signal or when an fd is readable."""
         if self.stop_signal is not None:
             raise Interrupted(self.stop_signal)
-        r, _, _ = select.select([self._wake_r] + list(extra_fds), [], [], max(0.0, seconds))
+        r, dummy, dummy = select.select([self._wake_r] + list(extra_fds), [], [], max(0.0, seconds))
         if self._wake_r in r:
             self._drain_wakeup()
         if self.stop_signal is not None:
@@ -423,7 +423,7 @@ class Launcher:
             ("host side " + host_if, [p["ip"], "-batch", "-"], host_cmds),
             ("cell side " + cell_if, [p["nsenter"], "-t", str(leader), "-n", p["ip"], "-batch", "-"], cell_cmds),
         ):
-            r = subprocess.run(cmd, input=data.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            r = subprocess.run(cmd, input=data.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
             if r.returncode != 0:
                 raise SetupError(
                     "cannot configure the veth (%s): %s" % (what, r.stdout.decode(errors="replace").strip())
@@ -493,7 +493,7 @@ class Launcher:
                 _ensure_dir(p["state_dir"], 0o700)
                 name, held = claimmod.claim_any(locks, wait, sleep=self.sleep)
             except claimmod.SlotBusy:
-                log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(n for n, _ in locks), wait))
+                log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(n for n, dummy in locks), wait))
                 return EXIT_BUSY
             except Interrupted as exc:
                 return 128 + exc.signum

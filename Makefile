@@ -111,7 +111,7 @@ build: venv
 # The built tarball works once installed into an empty collections path.
 install-check: build
 	rm -rf $(BUILD)/install-check && mkdir -p $(BUILD)/install-check
-	$(VENV)/bin/ansible-galaxy collection install -p $(BUILD)/install-check $(BUILD)/dist/chv-fleet-*.tar.gz
+	ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check $(VENV)/bin/ansible-galaxy collection install -p $(BUILD)/install-check $(BUILD)/dist/chv-fleet-*.tar.gz
 	cd /tmp && ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check ANSIBLE_ROLES_PATH= $(VENV)/bin/ansible-doc -l chv.fleet
 	cd /tmp && ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check ANSIBLE_ROLES_PATH= $(VENV)/bin/ansible-playbook chv.fleet.site --syntax-check -i localhost,
 

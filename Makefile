@@ -9,7 +9,9 @@ SHELL := /bin/bash
 
 ROOT := $(CURDIR)
 PY311 ?= python3
-PY312 ?= $(shell command -v python3.12 2>/dev/null || ls /root/.pyenv/versions/3.12.*/bin/python3.12 2>/dev/null | tail -n1)
+# The first python3.12 that really runs (a pyenv shim without that version active does not).
+PY312 ?= $(shell for p in $$(ls /root/.pyenv/versions/3.12.*/bin/python3.12 2>/dev/null) $$(command -v python3.12); do \
+  $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV := $(ROOT)/.venv
 VENV312 := $(ROOT)/.venv312
 BUILD := $(ROOT)/build

@@ -91,11 +91,14 @@ molecule: venv sysdeps
 	  PATH=$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
 
 # The second leg: Python 3.12 with ansible-core 2.21: lint + sanity + units.
+# tests/unit/broker runs the interpreter as an unprivileged cell UID; pyenv's
+# 3.12 is a shared-library build under /root that such a UID cannot load, so
+# the broker's units run on the default leg only.
 test-leg312:
 	@if [ -z "$(PY312)" ]; then echo "SKIP python3.12 leg: no python3.12 on this machine"; else \
 	  $(MAKE) --no-print-directory venv312 && \
 	  PATH=$(VENV312)/bin:$$PATH ansible-lint && \
-	  $(VENV312)/bin/python -m pytest tests/unit -q -p no:cacheprovider && \
+	  $(VENV312)/bin/python -m pytest tests/unit -q -p no:cacheprovider --ignore=tests/unit/broker && \
 	  $(MAKE) --no-print-directory sanity312; fi
 
 sanity312: venv312

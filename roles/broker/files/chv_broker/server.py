@@ -203,7 +203,7 @@ class Broker:
                     cell = self.peers.identify(conn)
                 except PeerRejected as exc:
                     fields.update(verdict="rejected", reason=exc.reason, peer_pid=exc.pid, peer_uid=exc.uid)
-                    self._send(conn, wire.err("peer is not a process of a live chv cell"))
+                    wire.send_quietly(conn, wire.err("peer is not a process of a live chv cell"))
                     return
                 fields["slot"] = cell["slot"]
                 try:
@@ -211,7 +211,7 @@ class Broker:
                                                            self.cfg["read_timeout"]))
                 except wire.WireError as exc:
                     fields.update(verdict="bad-request", reason=str(exc))
-                    self._send(conn, wire.err(exc))
+                    wire.send_quietly(conn, wire.err(exc))
                     return
                 fields["op"] = req.get("op") if isinstance(req.get("op"), str) else repr(req.get("op"))[:64]
                 if isinstance(req.get("action"), str):
@@ -225,45 +225,17 @@ class Broker:
                 except Exception as exc:  # never let one request take the daemon down
                     reply = wire.err("internal error")
                     fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
-                self._send(conn, reply)
+                wire.send_quietly(conn, reply)
         except Exception as exc:
             fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
         finally:
             fields["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
             _audit(self.log, **fields)
 
-    @staticmethod
-    def _send(conn, obj):
-        try:
-            conn.settimeout(5)
-            conn.sendall(wire.encode(obj))
-        except OSError:
-            pass
-
     def serve(self, listener):
-        slots = threading.BoundedSemaphore(self.cfg["max_connections"])
-        listener.settimeout(0.25)  # how quickly stop() is noticed
-        while not self._stop.is_set():
-            try:
-                conn, dummy = listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    break
-                raise
-            if not slots.acquire(blocking=False):
-                self._send(conn, wire.err("broker busy, retry later"))
-                conn.close()
-                _audit(self.log, slot=None, op=None, verdict="busy", duration_ms=0)
-                continue
-
-            def run(c=conn):
-                try:
-                    self.handle(c)
-                finally:
-                    slots.release()
-            threading.Thread(target=run, daemon=True).start()
+        wire.serve_connections(
+            listener, self._stop, self.cfg["max_connections"], self.handle, "broker busy, retry later",
+            on_busy=lambda: _audit(self.log, slot=None, op=None, verdict="busy", duration_ms=0))
 
     def reap(self):
         """Tell chv-browser to drop contexts of slots whose cell is gone."""

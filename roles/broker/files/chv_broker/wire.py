@@ -6,6 +6,7 @@ in total.  One reply is one JSON object on one line.
 """
 import json
 import socket
+import threading
 import time
 
 
@@ -83,3 +84,45 @@ def call(path, request, timeout, max_reply_bytes=4 * 1024 * 1024):
         s.connect(path)
         s.sendall(encode(request))
         return parse_object(read_line(s, max_reply_bytes, timeout))
+
+
+def send_quietly(conn, obj, timeout=5):
+    """Send one reply line; a peer that went away is not an error."""
+    try:
+        conn.settimeout(timeout)
+        conn.sendall(encode(obj))
+    except OSError:
+        pass
+
+
+def serve_connections(listener, stop, max_connections, handle, busy_message, on_busy=None):
+    """Accept connections until ``stop`` is set, each handled in a thread of its own.
+
+    At most ``max_connections`` run at once; one more gets ``busy_message``
+    as an error reply and is closed (``on_busy`` is then called, e.g. to
+    audit it). The 0.25 s accept timeout is how quickly ``stop`` is noticed.
+    """
+    slots = threading.BoundedSemaphore(max_connections)
+    listener.settimeout(0.25)
+    while not stop.is_set():
+        try:
+            conn, dummy = listener.accept()
+        except socket.timeout:
+            continue
+        except OSError:
+            if stop.is_set():
+                break
+            raise
+        if not slots.acquire(blocking=False):
+            with conn:
+                send_quietly(conn, err(busy_message))
+            if on_busy:
+                on_busy()
+            continue
+
+        def run(c=conn):
+            try:
+                handle(c)
+            finally:
+                slots.release()
+        threading.Thread(target=run, daemon=True).start()

@@ -256,27 +256,8 @@ class Server:
         _log(**fields)
 
     def serve(self, listener):
-        slots = threading.BoundedSemaphore(self.cfg["max_connections"])
-        listener.settimeout(0.25)
-        while not self._stop.is_set():
-            try:
-                conn, dummy = listener.accept()
-            except socket.timeout:
-                continue
-            if not slots.acquire(blocking=False):
-                with conn:
-                    try:
-                        conn.sendall(wire.encode(wire.err("browser busy, retry later")))
-                    except OSError:
-                        pass
-                continue
-
-            def run(c=conn):
-                try:
-                    self.handle(c)
-                finally:
-                    slots.release()
-            threading.Thread(target=run, daemon=True).start()
+        wire.serve_connections(listener, self._stop, self.cfg["max_connections"], self.handle,
+                               "browser busy, retry later")
 
     def stop(self, *_):
         self._stop.set()

@@ -25,13 +25,15 @@ description:
   - Part of the local test lab (C(chv.fleet.lab_up)); runs on the lab host as root.
 author:
   - chv.fleet maintainers (@chv-fleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying the host.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
+  platform:
+    platforms: posix
 options:
   name:
     description: Guest (machine and host) name; the host-side veth is C(ve-NAME).

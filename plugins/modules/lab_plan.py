@@ -22,13 +22,15 @@ description:
   - Changes nothing; the first step of C(chv.fleet.lab_up).
 author:
   - chv.fleet maintainers (@chv-fleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying the host.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
+  platform:
+    platforms: posix
 options:
   lab_name:
     description: Name of the lab; generated guest names are C(<lab_name><n>).

@@ -256,6 +256,17 @@ def _check_slots(slots, errors):
                 )
 
 
+def _check_names(errors, key, values, what, is_valid, invalid_message, required):
+    """A list of names: strings only, each valid, and every required one present."""
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        errors.append("%s: must be a list of %s" % (key, what))
+        return
+    errors.extend(invalid_message % v for v in values if not is_valid(v))
+    missing = required - set(values)
+    if missing:
+        errors.append("%s: must include %s" % (key, ", ".join(sorted(missing))))
+
+
 def validate(obj):
     """Return a list of errors (empty when the policy is valid)."""
     errors = []
@@ -288,27 +299,12 @@ def validate(obj):
     if p["no_new_privileges"] is False:
         errors.append("no_new_privileges: cells always run with no_new_privileges")
 
-    caps = p["drop_capabilities"]
-    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-        errors.append("drop_capabilities: must be a list of capability names")
-    else:
-        for c in caps:
-            if not _CAP_RE.match(c) or c not in KNOWN_CAPS:
-                errors.append("drop_capabilities: unknown capability %r" % c)
-        missing = REQUIRED_DROPPED_CAPS - set(caps)
-        if missing:
-            errors.append("drop_capabilities: must include %s" % ", ".join(sorted(missing)))
-
-    calls = p["syscall_deny"]
-    if not isinstance(calls, list) or not all(isinstance(c, str) for c in calls):
-        errors.append("syscall_deny: must be a list of syscall names")
-    else:
-        for c in calls:
-            if not _SYSCALL_RE.match(c):
-                errors.append("syscall_deny: %r is not a syscall name (groups only widen nspawn's filter)" % c)
-        missing = REQUIRED_DENIED_SYSCALLS - set(calls)
-        if missing:
-            errors.append("syscall_deny: must include %s" % ", ".join(sorted(missing)))
+    _check_names(errors, "drop_capabilities", p["drop_capabilities"], "capability names",
+                 lambda c: _CAP_RE.match(c) and c in KNOWN_CAPS,
+                 "drop_capabilities: unknown capability %r", REQUIRED_DROPPED_CAPS)
+    _check_names(errors, "syscall_deny", p["syscall_deny"], "syscall names", _SYSCALL_RE.match,
+                 "syscall_deny: %r is not a syscall name (groups only widen nspawn's filter)",
+                 REQUIRED_DENIED_SYSCALLS)
 
     inacc = p["inaccessible"]
     if not isinstance(inacc, list) or not all(isinstance(x, str) for x in inacc):

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import jinja2
+import pytest
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat
 
@@ -181,3 +182,13 @@ class Lab(object):
         argv = [sys.executable, PROBE, "probe", proto, host, port, TIMEOUT] + ([source] if source else [])
         proc = run(*argv, ns=ns, check=False)
         return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """A guest, an outside and two cell namespaces for one test module."""
+    topology = Lab()
+    try:
+        yield topology.up()
+    finally:
+        topology.down()

@@ -10,7 +10,7 @@ import json
 import pytest
 
 import cellnat_lab
-from cellnat_lab import Lab, make_slots, rule_count, run, table_json
+from cellnat_lab import lab, make_slots, rule_count, run, table_json  # noqa: F401  # pylint: disable=unused-import
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat
 
@@ -27,15 +27,6 @@ table inet cnt_natonly {
     }
 }
 """
-
-
-@pytest.fixture(scope="module")
-def lab():
-    lab = Lab()
-    try:
-        yield lab.up()
-    finally:
-        lab.down()
 
 
 @pytest.fixture

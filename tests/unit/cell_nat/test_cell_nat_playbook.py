@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import cellnat_lab
-from cellnat_lab import Lab, run
+from cellnat_lab import lab, run  # noqa: F401  # pylint: disable=unused-import
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat
 
@@ -25,15 +25,6 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 COLLECTIONS = Path(cell_nat.__file__).parents[5]     # .../<root>/ansible_collections/chv/fleet/plugins/module_utils
-
-
-@pytest.fixture(scope="module")
-def lab():
-    lab = Lab()
-    try:
-        yield lab.up()
-    finally:
-        lab.down()
 
 
 def playbook(lab, tmp_path, text, *args):

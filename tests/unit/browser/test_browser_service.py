@@ -24,7 +24,7 @@ def test_screenshot_writes_png_and_returns_cell_path(browser, site):
     assert browser.call({"slot": "slot0", "action": "open", "url": site + "/"})["ok"] is True
     rep = browser.call({"slot": "slot0", "action": "screenshot", "name": "front"})
     assert rep["ok"] is True, rep
-    assert rep["result"]["path"] == "/run/chv/shots/slot0/front.png"
+    assert rep["result"]["path"] == "/run/chv/shots/front.png"
     path = os.path.join(browser.cfg["shots_dir"], "slot0", "front.png")
     with open(path, "rb") as fh:
         data = fh.read()

@@ -28,7 +28,7 @@ from .policy import Refused, check_name, check_slot, check_url, truncate, url_al
 DEFAULTS = {
     "socket": "/run/chv-browser/browser.sock",
     "socket_group": "",
-    "shots_dir": "/run/chv/shots",
+    "shots_dir": "/run/chv-shots",
     "shots_cell_dir": "/run/chv/shots",
     "executable_path": "/usr/bin/chromium",
     "chromium_sandbox": True,
@@ -205,7 +205,8 @@ class Engine:
         with os.fdopen(fd, "wb") as fh:
             fh.write(png)
         os.replace(tmp, os.path.join(d, name + ".png"))
-        return {"path": os.path.join(self.cfg["shots_cell_dir"], slot, name + ".png"), "bytes": len(png)}
+        # the cell sees only its own directory, bound read-only at shots_cell_dir
+        return {"path": os.path.join(self.cfg["shots_cell_dir"], name + ".png"), "bytes": len(png)}
 
     def op_close(self, slot):
         return {"closed": self._close_slot(slot)}

@@ -1,0 +1,74 @@
+"""Helpers shared by the broker and browser verifiers: requests to chv-broker
+from inside a real cell (chv-cell run) and from guest processes outside any cell."""
+
+import json
+import shlex
+
+import pytest
+
+CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
+
+
+class Reply(object):
+    """One client run: exit status (0 ok, 1 refused, 2 no reply) and the reply."""
+
+    def __init__(self, cmd):
+        self.rc = cmd.rc
+        self.stdout = cmd.stdout
+        self.stderr = cmd.stderr
+        try:
+            self.body = json.loads(cmd.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            self.body = None
+
+    @property
+    def ok(self):
+        return self.rc == 0 and self.body is not None and self.body.get("ok") is True
+
+    @property
+    def result(self):
+        return self.body["result"]
+
+    @property
+    def error(self):
+        return (self.body or {}).get("error", "")
+
+    def __repr__(self):
+        return "Reply(rc=%r, stdout=%r, stderr=%r)" % (self.rc, self.stdout, self.stderr[-2000:])
+
+
+def in_cell(host, slot, argv):
+    """Run argv in a fresh cell of `slot` on the guest."""
+    return host.run("chv-cell run --slot %s -- %s" % (slot, " ".join(shlex.quote(a) for a in argv)))
+
+
+@pytest.fixture(scope="module")
+def policy_slots(host):
+    """Slot name -> slot identity, from the policy chv-cell uses."""
+    with host.sudo():
+        policy = json.loads(host.file("/etc/chv-fleet/cell-policy.json").content_string)
+    return {s["name"]: s for s in policy["slots"]}
+
+
+@pytest.fixture(scope="module")
+def slots(policy_slots):
+    """The slot names (at least two)."""
+    names = sorted(policy_slots)
+    assert len(names) >= 2, "the broker/browser verifiers need two slots"
+    return names
+
+
+@pytest.fixture
+def from_cell(host):
+    def request(slot, req):
+        return Reply(in_cell(host, slot, ["python3", CLIENT, json.dumps(req)]))
+    return request
+
+
+@pytest.fixture
+def from_guest(host):
+    """The same client, run by a guest process outside any cell (as `user`)."""
+    def request(req, user=None):
+        prefix = "" if user is None else "setpriv --reuid=%d --regid=%d --clear-groups " % (user, user)
+        return Reply(host.run("%spython3 %s %s" % (prefix, CLIENT, shlex.quote(json.dumps(req)))))
+    return request

@@ -1,0 +1,135 @@
+"""chv.fleet.browser on a converged guest, used from real cells through chv-broker.
+
+The pages are served on the guest's loopback by a transient unit this module
+starts (`/` a page with a known heading, `/slow` answers after 20 s). Every
+refusal sits beside a request that succeeds.
+"""
+
+import shlex
+
+import pytest
+
+from conftest import in_cell
+
+PORT = 18700
+PAGE = "http://127.0.0.1:%d/" % PORT
+SLOW = "http://127.0.0.1:%d/slow" % PORT
+HEADING = "Hello from the guest loopback"
+SERVER = r"""
+import http.server, time
+PAGE = b'<!doctype html><html><head><title>Molecule page</title></head><body><h1>%s</h1><p>chv.fleet</p></body></html>'
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/slow":
+            time.sleep(20)
+        self.send_response(200); self.send_header("Content-Type", "text/html"); self.end_headers()
+        self.wfile.write(PAGE)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", %d), H).serve_forever()
+""" % (HEADING, PORT)
+PNG_MAGIC = "89504e470d0a1a0a"
+
+
+@pytest.fixture(scope="module")
+def pages(host):
+    host.run("systemctl stop chv-molecule-pages.service 2>/dev/null; systemctl reset-failed chv-molecule-pages.service 2>/dev/null")
+    host.run_test("systemd-run --unit=chv-molecule-pages --property=DynamicUser=yes python3 -c %s", SERVER)
+    host.run_test("for i in $(seq 50); do python3 -c %s && exit 0; sleep 0.1; done; exit 1",
+                  "import urllib.request; urllib.request.urlopen('%s', timeout=2)" % PAGE)
+    yield
+    host.run("systemctl stop chv-molecule-pages.service")
+
+
+def test_service_runs_as_its_own_user_with_the_socket_for_the_broker_only(host):
+    svc = host.service("chv-browser.service")
+    assert svc.is_enabled and svc.is_running
+    assert host.check_output("systemctl show -p User --value chv-browser.service") == "chv-browser"
+    sock = host.file("/run/chv-browser/browser.sock")
+    assert sock.is_socket and sock.mode == 0o660 and sock.group == "chv-broker"
+    assert host.file("/run/chv-browser").mode == 0o750
+
+
+def test_open_returns_the_heading_in_the_aria_snapshot(host, pages, slots, from_cell):
+    opened = from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE})
+    assert opened.ok, opened
+    assert opened.result["title"] == "Molecule page" and opened.result["status"] == 200
+    assert 'heading "%s"' % HEADING in opened.result["aria_snapshot"], opened.result
+    assert opened.result["truncated"] is False
+    again = from_cell(slots[0], {"op": "browser", "action": "snapshot"})
+    assert again.ok and 'heading "%s"' % HEADING in again.result["aria_snapshot"], again
+
+
+def test_contexts_are_per_slot(host, pages, slots, from_cell):
+    # slot0 has a page open (previous test, reopened here); slot1 sees none
+    assert from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE}).ok
+    theirs = from_cell(slots[1], {"op": "browser", "action": "snapshot"})
+    assert theirs.rc == 1 and "no page open" in theirs.error, theirs
+
+
+def test_screenshot_is_a_png_the_cell_reads_and_only_its_own(host, pages, slots, from_cell):
+    mine, theirs = slots[0], slots[1]
+    assert from_cell(theirs, {"op": "browser", "action": "open", "url": PAGE}).ok
+    other = from_cell(theirs, {"op": "browser", "action": "screenshot", "name": "theirs"})
+    assert other.ok and other.result["path"] == "/run/chv/shots/theirs.png", other
+    assert from_cell(mine, {"op": "browser", "action": "open", "url": PAGE}).ok
+    shot = from_cell(mine, {"op": "browser", "action": "screenshot", "name": "front"})
+    assert shot.ok and shot.result["path"] == "/run/chv/shots/front.png" and shot.result["bytes"] > 1000, shot
+    probe = ("import os\n"
+             "print(open('/run/chv/shots/front.png', 'rb').read(8).hex())\n"
+             "print(sorted(os.listdir('/run/chv/shots')))\n"
+             "try:\n    open('/run/chv/shots/x', 'w')\nexcept OSError as e:\n    print('write', e.errno)\n")
+    r = in_cell(host, mine, ["python3", "-c", probe])
+    assert r.rc == 0, r.stderr
+    magic, listing, write = r.stdout.splitlines()
+    assert magic == PNG_MAGIC
+    assert listing == "['front.png']"  # not the other slot's screenshot
+    assert write == "write 30"  # EROFS: the cell's view of its screenshots is read-only
+
+
+def test_evaluate_and_file_urls_are_refused(host, pages, slots, from_cell):
+    control = from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE})
+    assert control.ok, control
+    evaluate = from_cell(slots[0], {"op": "browser", "action": "evaluate", "expression": "document.cookie"})
+    assert evaluate.rc == 1 and "browser action must be one of" in evaluate.error, evaluate
+    for url in ("file:///etc/passwd", "chrome://version", "javascript:alert(1)", "data:text/html,<h1>x</h1>"):
+        refused = from_cell(slots[0], {"op": "browser", "action": "open", "url": url})
+        assert refused.rc == 1 and "http and https" in refused.error, (url, refused)
+
+
+def test_playwright_and_chromium_are_not_reachable_from_a_cell(host):
+    # control: on the guest, the service's venv imports playwright and chromium is there
+    host.run_test("/opt/chv-browser/venv/bin/python -c 'import playwright'")
+    host.run_test("test -x /usr/bin/chromium && test -d /usr/lib/chromium")
+    probe = ("import os, sys\n"
+             "try:\n    import playwright\n    print('playwright imported')\n"
+             "except ImportError as e:\n    print('import', type(e).__name__)\n"
+             "for p in ('/opt/chv-browser/venv/bin/python', '/usr/bin/chromium', '/usr/lib/chromium/chromium',\n"
+             "          '/usr/lib/chv-fleet/chv_browser/server.py'):\n"
+             "    try:\n        open(p, 'rb').close(); print(p, 'readable')\n"
+             "    except OSError as e:\n        print(p, e.strerror)\n")
+    r = in_cell(host, "slot0", ["python3", "-c", probe])
+    assert r.rc == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "import ModuleNotFoundError"
+    assert lines[1] == "/opt/chv-browser/venv/bin/python No such file or directory"
+    assert all(line.endswith("Permission denied") for line in lines[2:]), lines
+    r = in_cell(host, "slot0", ["/usr/bin/chromium", "--version"])
+    assert r.rc != 0
+
+
+def test_killed_browser_fails_the_request_then_recovers(host, pages, slots, from_cell):
+    script = ("chv-cell run --slot %s -- python3 /usr/lib/chv-fleet/chv_broker/client.py %s > /tmp/chv-slow.out 2>&1 & C=$!; "
+              "for i in $(seq 200); do ss -tnH state established dst 127.0.0.1:%d | grep -q . && break; sleep 0.1; done; "
+              "echo killed=$(systemctl show -p MainPID --value chv-browser.service); "
+              "systemctl kill --signal=SIGKILL chv-browser.service; wait $C; echo rc=$?; cat /tmp/chv-slow.out; rm -f /tmp/chv-slow.out"
+              % (slots[0], shlex.quote('{"op": "browser", "action": "open", "url": "%s"}' % SLOW), PORT))
+    before = int(host.check_output("systemctl show -p NRestarts --value chv-browser.service"))
+    out = host.check_output(script)
+    killed = int(out.split("killed=")[1].split()[0])
+    assert killed > 0 and "rc=1" in out and "browser unavailable" in out, out
+    host.run_test("for i in $(seq 100); do systemctl is-active -q chv-browser.service && exit 0; sleep 0.1; done; exit 1")
+    after = from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE})
+    assert after.ok and 'heading "%s"' % HEADING in after.result["aria_snapshot"], after
+    restarts = int(host.check_output("systemctl show -p NRestarts --value chv-browser.service"))
+    assert restarts == before + 1

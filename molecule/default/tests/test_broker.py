@@ -84,9 +84,13 @@ def test_unknown_and_malformed_requests_refused_broker_survives(host, slots, fro
 
 
 def test_sync_status_works_while_the_cell_cannot_read_the_credentials(host, repos, from_cell):
+    since = host.check_output("date +%s")
     status = from_cell(repos[0], {"op": "sync", "action": "status", "repo": "repo"})
     assert status.ok, status
     assert status.result["returncode"] == 0 and status.result["stdout"].startswith("## main"), status
+    # it ran in a transient service of its own (chv_broker_sync_isolation: unit), not in chv-broker
+    started = host.check_output("journalctl -o cat --since=@%s -u 'chv-broker-sync-%s-*'", since, repos[0])
+    assert "Started chv-broker-sync-%s-" % repos[0] in started, started
     # control: the credentials exist and root outside the cell reads them
     with host.sudo():
         assert SECRET in host.file(CREDENTIALS).content_string

@@ -145,8 +145,8 @@ def test_credential_helper_lookup():
     assert credential.lookup(text, "https", "evil.example") is None
 
 
-def test_credential_fd_reaches_helper(workspaces, inproc, env):
-    """The memfd the broker fills is readable by the helper run as the workspace owner."""
+def test_credentials_reach_the_helper_and_never_the_file(workspaces, inproc, env):
+    """The credentials the broker writes to the worker's stdin reach the helper run as the workspace owner."""
     cred = os.path.join(env["root"], "creds")
     with open(cred, "w") as fh:
         fh.write("https://bot:tok@git.example.org\n")
@@ -189,3 +189,30 @@ def test_confine_directly(scratch):
     for bad in ("../other", "out", os.path.join(scratch, "other"), "/", "repo/../../other", "missing", ""):
         with pytest.raises(Rejected):
             confine(ws, bad)
+
+
+def test_sync_unit_argv_sandboxes_and_drops_to_the_owner():
+    from chv_broker import server
+    scfg = server.merge(server.DEFAULTS, {})["sync"]
+    scfg["unit_properties"] = ["NoNewPrivileges=yes", "PrivateNetwork=yes"]
+    worker = ["/usr/bin/python3", "-I", "/usr/lib/chv-fleet/chv_broker/syncrun.py", "{}"]
+    argv = server.sync_unit_argv(scfg, "slot3", "/var/lib/chv-fleet/workspaces/slot3", 720896, 720896,
+                                 {"PATH": "/usr/bin", "LANG": "C.UTF-8"}, worker)
+    sep = argv.index("--")
+    opts, command = argv[:sep], argv[sep + 1:]
+    assert opts[0] == "/usr/bin/systemd-run"
+    assert {"--wait", "--pipe", "--collect", "--quiet"} <= set(opts)
+    assert any(o.startswith("--unit=chv-broker-sync-slot3-") for o in opts)
+    props = [o.split("=", 1)[1] for o in opts if o.startswith("--property=")]
+    assert "RuntimeMaxSec=120" in props and "ReadWritePaths=/var/lib/chv-fleet/workspaces/slot3" in props
+    assert props[-2:] == ["NoNewPrivileges=yes", "PrivateNetwork=yes"]
+    assert "--setenv=PATH=/usr/bin" in opts and "--setenv=LANG=C.UTF-8" in opts
+    assert command[:5] == ["/usr/bin/setpriv", "--reuid=720896", "--regid=720896", "--clear-groups", "--inh-caps=-all"]
+    assert command[-len(worker):] == worker  # an argument vector, never a shell
+
+
+def test_unknown_isolation_refused_at_start():
+    from chv_broker import server
+    cfg = server.merge(server.DEFAULTS, {"sync": {"isolation": "chroot"}})
+    with pytest.raises(ValueError, match="sync.isolation must be one of unit, child, not 'chroot'"):
+        server.Broker(cfg)

@@ -3,8 +3,9 @@
 
 chv-broker reads the credential file (git-credential-store format, one
 ``https://user:token@host`` per line) as root from a path cells cannot see
-and hands its content to the sync worker as an inherited, unnamed memfd
-whose number is in CHV_BROKER_CRED_FD.  This helper answers git's ``get``
+and writes its content to the sync worker's stdin; the worker keeps it in
+an unnamed memfd that git and this helper inherit (its number is in
+CHV_BROKER_CRED_FD).  This helper answers git's ``get``
 with the first entry whose protocol and host match; ``store`` and ``erase``
 are ignored (the file is managed by the operator, not by git).
 """

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from urllib.parse import urlsplit
 
 from . import wire
@@ -37,6 +38,15 @@ DEFAULTS = {
         "protocols": ["https"],
         "max_output_bytes": 65536,
         "python": "/usr/bin/python3",
+        # "unit": each sync runs in a transient systemd service of its own
+        # (systemd-run), so chv-broker itself needs no network and no
+        # CAP_SETUID/CAP_SETGID. "child": the worker is chv-broker's child.
+        "isolation": "unit",
+        "systemd_run": "/usr/bin/systemd-run",
+        "setpriv": "/usr/bin/setpriv",
+        # properties of the transient service (isolation "unit"); the role
+        # renders chv_broker_sync_unit_properties here
+        "unit_properties": [],
     },
     "browser": {
         "enabled": True,
@@ -47,6 +57,7 @@ DEFAULTS = {
 }
 BROWSER_ACTIONS = {"open": ("url",), "snapshot": (), "screenshot": ("name",), "close": ()}
 SYNC_ACTIONS = ("status", "pull", "push")
+SYNC_ISOLATION = ("unit", "child")
 
 
 def merge(base, over):
@@ -61,6 +72,27 @@ def load_config(path):
         return merge(DEFAULTS, {})
     with open(path, encoding="utf-8") as fh:
         return merge(DEFAULTS, json.load(fh))
+
+
+def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker):
+    """systemd-run argv that runs the sync worker in a transient service of its own.
+
+    The service starts as root with CAP_SETUID/CAP_SETGID only, and setpriv
+    drops to the workspace owner (systemd's User= needs a passwd entry, the
+    cells' mapped uids have none). Its output and exit status come back
+    through --pipe/--wait; RuntimeMaxSec makes systemd stop a sync that hangs.
+    """
+    argv = [scfg["systemd_run"], "--quiet", "--wait", "--pipe", "--collect", "--service-type=exec",
+            "--unit=chv-broker-sync-%s-%s" % (slot, uuid.uuid4().hex[:12]),
+            "--description=chv-broker sync for %s" % slot,
+            "--property=RuntimeMaxSec=%d" % max(1, int(scfg["timeout"])),
+            "--property=ReadWritePaths=%s" % workspace,
+            "--property=WorkingDirectory=/"]
+    argv += ["--property=" + p for p in scfg["unit_properties"]]
+    argv += ["--setenv=%s=%s" % kv for kv in sorted(env.items())]
+    argv += ["--", scfg["setpriv"], "--reuid=%d" % uid, "--regid=%d" % gid, "--clear-groups",
+             "--inh-caps=-all", "--"] + worker
+    return argv
 
 
 class OpError(Exception):
@@ -78,6 +110,9 @@ def _audit(stream, **fields):
 
 class Broker:
     def __init__(self, config, log=sys.stderr):
+        if config["sync"]["isolation"] not in SYNC_ISOLATION:
+            raise ValueError("sync.isolation must be one of %s, not %r"
+                             % (", ".join(SYNC_ISOLATION), config["sync"]["isolation"]))
         self.cfg = config
         self.log = log
         self.peers = PeerChecker(config["cells_dir"])
@@ -114,18 +149,16 @@ class Broker:
             raise OpError("slot workspace owner is neither in the slot's UID range nor the shared user")
         return st.st_uid, st.st_gid
 
-    def _credentials_fd(self):
+    def _credentials(self):
+        """The credential file's content (read as root, outside every cell), or b""."""
         path = self.cfg["sync"]["credentials_file"]
         if not path:
-            return None
+            return b""
         try:
             with open(path, "rb") as fh:
-                data = fh.read(1 << 20)
+                return fh.read(1 << 20)
         except FileNotFoundError:
-            return None
-        fd = os.memfd_create("chv-broker-credentials", os.MFD_CLOEXEC)
-        os.write(fd, data)
-        return fd
+            return b""
 
     def op_sync(self, cell, req):
         scfg = self.cfg["sync"]
@@ -137,24 +170,22 @@ class Broker:
             raise OpError("repo must be a string")
         workspace = os.path.join(self.cfg["workspaces_dir"], cell["slot"])
         uid, gid = self._sync_identity(cell, workspace)
-        cred_fd = self._credentials_fd()
+        credentials = self._credentials()
         spec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
                 "protocols": scfg["protocols"],
-                "credential_helper": os.path.join(HERE, "credential.py") if cred_fd is not None else ""}
+                "credential_helper": os.path.join(HERE, "credential.py") if credentials else ""}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-        if cred_fd is not None:
-            env["CHV_BROKER_CRED_FD"] = str(cred_fd)
+        worker = [scfg["python"], "-I", os.path.join(HERE, "syncrun.py"), json.dumps(spec)]
+        if scfg["isolation"] == "unit":
+            # systemd stops the unit after RuntimeMaxSec; give systemd-run a moment to report that
+            argv, popen_ids, grace = sync_unit_argv(scfg, cell["slot"], workspace, uid, gid, env, worker), {}, 10
+        else:
+            argv, popen_ids, grace = worker, {"user": uid, "group": gid, "extra_groups": []}, 0
+        # the credentials go to the worker on its stdin (it keeps them in a memfd for git's helper)
+        proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, **popen_ids)
         try:
-            proc = subprocess.Popen(
-                [scfg["python"], "-I", os.path.join(HERE, "syncrun.py"), json.dumps(spec)],
-                user=uid, group=gid, extra_groups=[], env=env, cwd="/", stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                pass_fds=(cred_fd,) if cred_fd is not None else ())
-        finally:
-            if cred_fd is not None:
-                os.close(cred_fd)
-        try:
-            out, errout = proc.communicate(timeout=scfg["timeout"])
+            out, errout = proc.communicate(credentials, timeout=scfg["timeout"] + grace)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()

@@ -1,8 +1,10 @@
 #!/usr/bin/python3 -I
 """chv-broker's sync worker: runs as the workspace owner, never as root.
 
-chv-broker starts this file with ``user=``/``group=`` set to the unprivileged
-identity the sync runs as and one JSON argument (the spec).  Everything that
+chv-broker starts this file as the unprivileged identity the sync runs as
+(in a transient systemd service via setpriv, or as its own child with
+``user=``/``group=``), with one JSON argument (the spec) and the credentials
+on stdin.  Everything that
 touches the cell-writable workspace happens here, with that identity's
 permissions only:
 
@@ -145,8 +147,23 @@ def prepare(spec, environ):
     return argv, env
 
 
+def credentials_fd(stream):
+    """chv-broker writes the credential file's content to our stdin; keep it
+    in an unnamed memfd that git's credential helper inherits (CHV_BROKER_CRED_FD)."""
+    data = stream.read(1 << 20)
+    if not data:
+        return None
+    fd = os.memfd_create("chv-broker-credentials", 0)
+    os.write(fd, data)
+    os.set_inheritable(fd, True)
+    return fd
+
+
 def main(args):
     spec = json.loads(args[0])
+    fd = credentials_fd(sys.stdin.buffer)
+    if fd is not None:
+        os.environ["CHV_BROKER_CRED_FD"] = str(fd)
     try:
         argv, env = prepare(spec, os.environ)
     except Rejected as exc:

@@ -43,11 +43,20 @@ def pages(host):
 
 def test_service_runs_as_its_own_user_with_the_socket_for_the_broker_only(host):
     svc = host.service("chv-browser.service")
-    assert svc.is_enabled and svc.is_running
+    assert svc.is_enabled and svc.is_running and host.service("chv-browser.socket").is_running
     assert host.check_output("systemctl show -p User --value chv-browser.service") == "chv-browser"
+    assert host.check_output("systemctl show -p SupplementaryGroups --value chv-browser.service") == ""
     sock = host.file("/run/chv-browser/browser.sock")
-    assert sock.is_socket and sock.mode == 0o660 and sock.group == "chv-broker"
-    assert host.file("/run/chv-browser").mode == 0o750
+    assert sock.is_socket and sock.mode == 0o660 and sock.user == "chv-browser" and sock.group == "chv-broker"
+    # control: chv-broker (group chv-broker) reaches it, a guest user outside the group does not
+    assert "chv-broker" in host.check_output("systemctl show -p SupplementaryGroups --value chv-broker.service")
+    probe = ("import socket; s = socket.socket(socket.AF_UNIX)\n"
+             "try:\n    s.connect('/run/chv-browser/browser.sock'); print('connected')\n"
+             "except OSError as e:\n    print(e.strerror)\n")
+    assert host.check_output("setpriv --reuid=nobody --regid=nogroup --clear-groups python3 -c %s",
+                             probe) == "Permission denied"
+    assert host.check_output("setpriv --reuid=nobody --regid=nogroup --groups=chv-broker python3 -c %s",
+                             probe) == "connected"
 
 
 def test_open_returns_the_heading_in_the_aria_snapshot(host, pages, slots, from_cell):

@@ -290,20 +290,13 @@ class Broker:
         self._stop.set()
 
 
-def listener_from_env(environ):
-    """The socket systemd passed (LISTEN_FDS, fd 3), or None."""
-    if environ.get("LISTEN_PID") != str(os.getpid()) or int(environ.get("LISTEN_FDS", "0")) < 1:
-        return None
-    return socket.socket(fileno=3)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="chv-broker")
     ap.add_argument("--config", default="/etc/chv-fleet/broker.json")
     ap.add_argument("--listen", help="bind this Unix socket path instead of socket activation (development)")
     args = ap.parse_args(argv)
     cfg = load_config(args.config if os.path.exists(args.config) else None)
-    listener = listener_from_env(os.environ)
+    listener = wire.listener_from_env(os.environ)
     if listener is None:
         if not args.listen:
             ap.error("no socket passed by systemd (LISTEN_FDS) and no --listen")

@@ -5,6 +5,7 @@ One request is one JSON object on one line (terminated by b"\n"), at most
 in total.  One reply is one JSON object on one line.
 """
 import json
+import os
 import socket
 import threading
 import time
@@ -126,3 +127,10 @@ def serve_connections(listener, stop, max_connections, handle, busy_message, on_
             finally:
                 slots.release()
         threading.Thread(target=run, daemon=True).start()
+
+
+def listener_from_env(environ):
+    """The socket systemd passed (LISTEN_FDS, fd 3), or None."""
+    if environ.get("LISTEN_PID") != str(os.getpid()) or int(environ.get("LISTEN_FDS", "0")) < 1:
+        return None
+    return socket.socket(fileno=3)

@@ -199,9 +199,12 @@ class Engine:
             raise Refused("nothing to capture: no http/https page is open")
         png = page.screenshot(type="png", full_page=False)
         d = os.path.join(self.cfg["shots_dir"], slot)
-        os.makedirs(d, mode=0o755, exist_ok=True)
+        os.makedirs(d, exist_ok=True)
+        # the service's umask is 0077; screenshots (only) are for the cell's mapped uids to read
+        os.chmod(d, 0o755)
         tmp = os.path.join(d, ".%s.png.tmp" % name)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(png)
         os.replace(tmp, os.path.join(d, name + ".png"))
@@ -295,7 +298,8 @@ def main(argv=None):
     cfg = load_config(args.config if os.path.exists(args.config) else None)
     os.environ.setdefault("PLAYWRIGHT_BROWSERS_PATH", "/nonexistent")
     os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
-    listener = bind_socket(cfg)
+    # systemd's chv-browser.socket (owner, group and mode set there), else bind it ourselves
+    listener = wire.listener_from_env(os.environ) or bind_socket(cfg)
     engine = Engine(cfg)
     engine.start()
     server = Server(cfg, engine)

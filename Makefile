@@ -14,6 +14,10 @@ PY312 ?= $(shell for p in $$(ls /root/.pyenv/versions/3.12.*/bin/python3.12 2>/d
   $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV := $(ROOT)/.venv
 VENV312 := $(ROOT)/.venv312
+# Playwright for chv-browser's unit tests, on Debian's python3 as in the
+# service's venv (the service runs as an unprivileged user, which cannot use
+# pyenv's interpreters under /root), driving Debian's chromium.
+BROWSER_VENV := $(ROOT)/build/browser-venv
 BUILD := $(ROOT)/build
 # Development collections path: ansible_collections/chv/fleet -> this checkout.
 DEVCOLL := $(BUILD)/dev-collections
@@ -23,12 +27,13 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export ANSIBLE_NOCOLOR := 1
 
-SYS_PACKAGES := systemd-container mmdebstrap nftables iproute2 zstd openssh-client util-linux tar python3-venv
+SYS_PACKAGES := systemd-container mmdebstrap nftables iproute2 zstd openssh-client util-linux tar python3-venv \
+                chromium fonts-dejavu-core libatomic1
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help sysdeps venv venv312 devcoll lint sanity units lab-tests molecule test test-leg312 \
+.PHONY: help sysdeps venv venv312 browser-venv devcoll lint sanity units lab-tests molecule test test-leg312 \
         demo lab-down build install-check bench lock clean
 
 help:
@@ -80,8 +85,15 @@ endef
 sanity: venv
 	$(call sanity_run,3.11,$(VENV))
 
-units: venv
-	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider
+$(BROWSER_VENV)/.stamp: requirements/browser.lock
+	rm -rf $(BROWSER_VENV) && /usr/bin/python3 -m venv $(BROWSER_VENV)
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BROWSER_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/browser.lock
+	touch $@
+
+browser-venv: $(BROWSER_VENV)/.stamp
+
+units: venv browser-venv sysdeps
+	cd $(ROOT) && CHV_BROWSER_PYTHON=$(BROWSER_VENV)/bin/python $(VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider
 
 lab-tests: venv sysdeps
 	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/lab -q -p no:cacheprovider
@@ -96,9 +108,9 @@ molecule: venv sysdeps
 # the broker's units run on the default leg only.
 test-leg312:
 	@if [ -z "$(PY312)" ]; then echo "SKIP python3.12 leg: no python3.12 on this machine"; else \
-	  $(MAKE) --no-print-directory venv312 && \
+	  $(MAKE) --no-print-directory venv312 browser-venv && \
 	  PATH=$(VENV312)/bin:$$PATH ansible-lint && \
-	  $(VENV312)/bin/python -m pytest tests/unit -q -p no:cacheprovider --ignore=tests/unit/broker && \
+	  CHV_BROWSER_PYTHON=$(BROWSER_VENV)/bin/python $(VENV312)/bin/python -m pytest tests/unit -q -p no:cacheprovider --ignore=tests/unit/broker && \
 	  $(MAKE) --no-print-directory sanity312; fi
 
 sanity312: venv312

@@ -16,7 +16,7 @@ BIN = os.path.dirname(sys.executable)
 # Settings worth showing per host (whatever of them the inventory sets).
 SETTINGS = re.compile(r"^(chv_|cell_nat_)")
 PROBE = r"""
-import ctypes, os, socket
+import ctypes, json, os, socket
 libc = ctypes.CDLL(None, use_errno=True)
 st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)
 r = libc.syscall(425, 8, ctypes.create_string_buffer(120))
@@ -26,10 +26,21 @@ except FileNotFoundError:
     secret = 'absent'
 except PermissionError:
     secret = 'denied'
-print('uid_map=%s caps=%s nnp=%s io_uring=%s etc_chv=%s' % (
+try:
+    s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect('/run/chv/broker.sock')
+    s.sendall(b'{"op": "ping"}\n'); rep = json.loads(s.makefile().readline())
+    broker = 'pong/%s' % rep['result']['slot'] if rep.get('ok') else 'refused'
+except (OSError, ValueError):
+    broker = 'unreachable'
+try:
+    import playwright; pw = 'IMPORTABLE'
+except ImportError:
+    pw = 'absent'
+print('uid_map=%s caps=%s nnp=%s io_uring=%s etc_chv=%s broker=%s playwright=%s' % (
     '/'.join(open('/proc/self/uid_map').read().split()), st['CapEff'].strip(),
-    st['NoNewPrivs'].strip(), 'EPERM' if r < 0 and ctypes.get_errno() == 1 else r, secret))
+    st['NoNewPrivs'].strip(), 'EPERM' if r < 0 and ctypes.get_errno() == 1 else r, secret, broker, pw))
 """
+CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
 
 
 def ansible(inventory, *args):
@@ -69,10 +80,15 @@ def main():
     print("\n=== isolation summary (one real cell per guest, probe inside it)")
     probes = ansible(inventory, "-m", "ansible.builtin.command", "-a",
                      "chv-cell run -- /usr/bin/python3 -c %s" % shlex.quote(PROBE))
+    outside = ansible(inventory, "-m", "ansible.builtin.command", "-a",
+                      "python3 %s '{\"op\": \"ping\"}'" % CLIENT)
     for host in sorted(cell_hosts):
         print("%s: %s" % (host, probes.get(host, "probe failed")))
+        print("%s: the same broker ping from a guest process outside any cell: %s"
+              % (host, outside.get(host, "no chv-broker client")))
     print("(uid_map: cell root -> high guest UID; caps: effective set; nnp: no_new_privs;"
-          " io_uring: syscall 425 result; etc_chv: /etc/chv inside the cell)")
+          " io_uring: syscall 425 result; etc_chv: /etc/chv inside the cell;"
+          " broker: ping through /run/chv/broker.sock; playwright: import inside the cell)")
     return 0
 
 

@@ -1,0 +1,81 @@
+"""site.yml on a fresh lab guest: a bad value of any role's variable fails
+before the first role changes the host, and the failure names the variable.
+
+The guest is checked afterwards for every trace of a converge (directories,
+units, users, nft tables); the control is a --check run with good values,
+which reports changes (so the roles would change this guest)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB = "lsite"
+INVENTORY = "/var/lib/chv-fleet-lab/%s/inventory.yml" % LAB
+LAB_ARGS = ["-e", "lab_name=" + LAB, "-e", "lab_network=10.99.32.0/28"]
+TRACES = ("/etc/chv-fleet /var/lib/chv-fleet /usr/lib/chv-fleet /opt/chv-browser /etc/chv /run/chv-shots "
+          "/etc/systemd/system/chv-broker.socket /etc/systemd/system/chv-browser.service "
+          "/etc/systemd/system/chv-cell-nat.service /etc/tmpfiles.d/chv-browser.conf")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/systemd-nspawn"),
+                                reason="the lab needs root and systemd-nspawn")
+
+
+def _run(argv):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def guest():
+    up = _run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", "lab_up.yml")] + LAB_ARGS)
+    assert up.returncode == 0, up.stdout[-3000:]
+    yield
+    _run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", "lab_down.yml")] + LAB_ARGS)
+
+
+def site(*args):
+    proc = _run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(ROOT, "site.yml")]
+                + list(args))
+    recap = re.search(r"lsite1\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
+    counts = dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}
+    return proc, counts
+
+
+def traces():
+    cmd = ("ls -d %s 2>/dev/null; getent passwd chv chv-browser; getent group chv-broker; "
+           "nft list tables 2>/dev/null" % TRACES)
+    proc = _run([os.path.join(BIN, "ansible"), "-i", INVENTORY, "all", "-m", "ansible.builtin.shell",
+                 "-a", cmd, "-o"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split("(stdout)", 1)[1].strip() if "(stdout)" in proc.stdout else ""
+
+
+def test_good_values_would_change_the_guest(guest):
+    proc, counts = site("--check")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert counts["changed"] > 10 and counts["failed"] == 0
+    assert traces() == ""
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"chv_cell_uid_mode": "root"}, "chv_cell_uid_mode"),
+    ({"chv_cell_slots": 0}, "chv_cell_slots must be a count >= 1"),
+    ({"cell_nat_egress_deny": [{"cidr": "300.1.2.3/32"}]}, "cell_nat_egress_deny"),
+    ({"chv_broker_sync_isolation": "chroot"}, "chv_broker_sync_isolation"),
+    ({"chv_broker_max_request_bytes": 10}, "chv_broker_max_request_bytes >= 1024"),
+    ({"chv_browser_snapshot_max_lines": "many"}, "chv_browser_snapshot_max_lines"),
+    ({"chv_browser_chromium_args": ["--no-sandbox"]}, "--no-sandbox"),
+])
+def test_bad_value_fails_before_any_change(guest, extra, needle):
+    proc, counts = site("-e", json.dumps(extra))
+    assert proc.returncode != 0
+    fatal = [m for m in proc.stdout.splitlines() if m.startswith("fatal: ")]
+    assert fatal and needle in "\n".join(fatal), proc.stdout[-3000:]
+    assert counts.get("changed") == 0, counts
+    assert traces() == ""

@@ -72,3 +72,22 @@ def from_guest(host):
         prefix = "" if user is None else "setpriv --reuid=%d --regid=%d --clear-groups " % (user, user)
         return Reply(host.run("%spython3 %s %s" % (prefix, CLIENT, shlex.quote(json.dumps(req)))))
     return request
+
+
+def unit_value(host, unit, prop):
+    return host.check_output("systemctl show -p %s --value %s", prop, unit)
+
+
+def kill_mid_request(host, unit, slot, argv, ready):
+    """Run argv in a cell of `slot` in the background, SIGKILL `unit` once the
+    shell condition `ready` holds (it may read the cell's output in $OUT),
+    and wait for the cell. Returns (killed MainPID, NRestarts before, the
+    cell's output followed by `rc=<its exit status>`)."""
+    before = int(unit_value(host, unit, "NRestarts"))
+    script = ("OUT=$(mktemp); chv-cell run --slot %s -- %s > $OUT 2>&1 & C=$!; "
+              "for i in $(seq 200); do %s && break; sleep 0.1; done; sleep 0.3; "
+              "echo killed=$(systemctl show -p MainPID --value %s); systemctl kill --signal=SIGKILL %s; "
+              "wait $C; echo rc=$?; cat $OUT; rm -f $OUT"
+              % (slot, " ".join(shlex.quote(a) for a in argv), ready, unit, unit))
+    out = host.check_output(script)
+    return int(out.split("killed=")[1].split()[0]), before, out

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from conftest import CLIENT, Reply, in_cell
+from conftest import CLIENT, Reply, in_cell, kill_mid_request, unit_value
 
 CREDENTIALS = "/etc/chv/broker/git-credentials"
 SECRET = "molecule-s3cret-token"
@@ -129,18 +129,12 @@ def test_killed_broker_fails_the_request_then_serves_the_next(host, slots, from_
             "s.sendall(b'{\"op\": \"pi'); s.settimeout(30)\n"
             "print('sent', flush=True)\n"
             "print('reply=%r' % s.recv(4096))\n")
-    script = ("chv-cell run --slot %s -- python3 -c %s > /tmp/chv-half.out 2>&1 & C=$!; "
-              "for i in $(seq 150); do grep -q sent /tmp/chv-half.out && break; sleep 0.1; done; sleep 0.3; "
-              "echo killed=$(systemctl show -p MainPID --value chv-broker.service); "
-              "systemctl kill --signal=SIGKILL chv-broker.service; wait $C; cat /tmp/chv-half.out; rm -f /tmp/chv-half.out"
-              % (slots[0], shlex.quote(half)))
-    before = int(host.check_output("systemctl show -p NRestarts --value chv-broker.service"))
-    out = host.check_output(script)
-    killed = int(out.split("killed=")[1].split()[0])
+    killed, before, out = kill_mid_request(host, "chv-broker.service", slots[0], ["python3", "-c", half],
+                                           "grep -q sent $OUT")
     assert killed > 0 and "reply=b''" in out, out
     after = from_cell(slots[0], {"op": "ping"})
     assert after.ok, after
     assert host.service("chv-broker.service").is_running
-    now = int(host.check_output("systemctl show -p MainPID --value chv-broker.service"))
-    restarts = int(host.check_output("systemctl show -p NRestarts --value chv-broker.service"))
+    now = int(unit_value(host, "chv-broker.service", "MainPID"))
+    restarts = int(unit_value(host, "chv-broker.service", "NRestarts"))
     assert now not in (0, killed) and restarts == before + 1, (killed, now, before, restarts)

@@ -5,11 +5,9 @@ starts (`/` a page with a known heading, `/slow` answers after 20 s). Every
 refusal sits beside a request that succeeds.
 """
 
-import shlex
-
 import pytest
 
-from conftest import in_cell
+from conftest import CLIENT, in_cell, kill_mid_request, unit_value
 
 PORT = 18700
 PAGE = "http://127.0.0.1:%d/" % PORT
@@ -128,17 +126,13 @@ def test_playwright_and_chromium_are_not_reachable_from_a_cell(host):
 
 
 def test_killed_browser_fails_the_request_then_recovers(host, pages, slots, from_cell):
-    script = ("chv-cell run --slot %s -- python3 /usr/lib/chv-fleet/chv_broker/client.py %s > /tmp/chv-slow.out 2>&1 & C=$!; "
-              "for i in $(seq 200); do ss -tnH state established dst 127.0.0.1:%d | grep -q . && break; sleep 0.1; done; "
-              "echo killed=$(systemctl show -p MainPID --value chv-browser.service); "
-              "systemctl kill --signal=SIGKILL chv-browser.service; wait $C; echo rc=$?; cat /tmp/chv-slow.out; rm -f /tmp/chv-slow.out"
-              % (slots[0], shlex.quote('{"op": "browser", "action": "open", "url": "%s"}' % SLOW), PORT))
-    before = int(host.check_output("systemctl show -p NRestarts --value chv-browser.service"))
-    out = host.check_output(script)
-    killed = int(out.split("killed=")[1].split()[0])
+    # chv-browser is SIGKILLed while it waits for a page that answers after 20 s
+    killed, before, out = kill_mid_request(
+        host, "chv-browser.service", slots[0],
+        ["python3", CLIENT, '{"op": "browser", "action": "open", "url": "%s"}' % SLOW],
+        "ss -tnH state established dst 127.0.0.1:%d | grep -q ." % PORT)
     assert killed > 0 and "rc=1" in out and "browser unavailable" in out, out
     host.run_test("for i in $(seq 100); do systemctl is-active -q chv-browser.service && exit 0; sleep 0.1; done; exit 1")
     after = from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE})
     assert after.ok and 'heading "%s"' % HEADING in after.result["aria_snapshot"], after
-    restarts = int(host.check_output("systemctl show -p NRestarts --value chv-browser.service"))
-    assert restarts == before + 1
+    assert int(unit_value(host, "chv-browser.service", "NRestarts")) == before + 1

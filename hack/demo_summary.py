@@ -15,8 +15,9 @@ import sys
 BIN = os.path.dirname(sys.executable)
 # Settings worth showing per host (whatever of them the inventory sets).
 SETTINGS = re.compile(r"^(chv_|cell_nat_)")
+CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
 PROBE = r"""
-import ctypes, json, os, socket
+import ctypes, json, subprocess
 libc = ctypes.CDLL(None, use_errno=True)
 st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)
 r = libc.syscall(425, 8, ctypes.create_string_buffer(120))
@@ -26,12 +27,11 @@ except FileNotFoundError:
     secret = 'absent'
 except PermissionError:
     secret = 'denied'
-try:
-    s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect('/run/chv/broker.sock')
-    s.sendall(b'{"op": "ping"}\n'); rep = json.loads(s.makefile().readline())
-    broker = 'pong/%s' % rep['result']['slot'] if rep.get('ok') else 'refused'
-except (OSError, ValueError):
-    broker = 'unreachable'
+ping = subprocess.run(['python3', 'CLIENT_PATH', '{"op": "ping"}'], capture_output=True, text=True)
+if ping.returncode == 0:
+    broker = 'pong/%s' % json.loads(ping.stdout)['result']['slot']
+else:
+    broker = 'refused' if ping.returncode == 1 else 'unreachable'
 try:
     import playwright; pw = 'IMPORTABLE'
 except ImportError:
@@ -39,8 +39,7 @@ except ImportError:
 print('uid_map=%s caps=%s nnp=%s io_uring=%s etc_chv=%s broker=%s playwright=%s' % (
     '/'.join(open('/proc/self/uid_map').read().split()), st['CapEff'].strip(),
     st['NoNewPrivs'].strip(), 'EPERM' if r < 0 and ctypes.get_errno() == 1 else r, secret, broker, pw))
-"""
-CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
+""".replace("CLIENT_PATH", CLIENT)
 
 
 def ansible(inventory, *args):

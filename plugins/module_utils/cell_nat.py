@@ -15,7 +15,10 @@ that load the rendered ruleset into network namespaces:
   cell traffic, from ``nft -j list ruleset``;
 * ``build_ruleset``: the data the nft template renders.  Per-slot data are
   set and map elements only, so the rule count does not depend on the
-  number of slots.
+  number of slots;
+* the doors: the socket owner UIDs whose traffic on the guest itself gets
+  the cells' egress policy (the slots' UID ranges, which sync workers run
+  as; chv-browser's UID is added by the browser role's drop-in).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -34,6 +37,10 @@ TABLE_NAME = "chv_cell"
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@+-]{1,15}$")
 # Slot names become part of nft object names (<slot>_accepted/_dropped).
 _SLOT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,47}$")
+# Prefix of the slots' host-side interfaces: a wildcard ("chvh*") in the
+# ruleset drops traffic of interfaces that carry it but are no current slot.
+_IFNAME_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,12}$")
+UID_MAX = 2 ** 32 - 2
 _PORT_RANGE_RE = re.compile(r"^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?$")
 
 PROTOCOLS = ("tcp", "udp")
@@ -60,6 +67,10 @@ VERDICT_COUNTERS = (
     ("drop_invalid", "conntrack state invalid"),
     ("drop_ratelimit", "new connections over the per-destination rate limit"),
     ("drop_inbound", "unsolicited traffic forwarded towards a cell"),
+    ("drop_stale_cell", "an interface with the cell prefix that is no current slot (released or foreign)"),
+    ("accept_door", "door traffic (sync, browser) accepted by the cells' egress policy"),
+    ("drop_door_to_guest", "door traffic to the guest itself (loopback or any own address)"),
+    ("drop_door_to_cell", "door traffic to a cell subnet"),
     ("nat_masquerade", "connections masqueraded out of the uplink"),
 )
 
@@ -322,6 +333,15 @@ def normalize_slots(slots, label):
                 raise CellNatError("%s.subnet: %s overlaps slot %s (%s)" % (item, subnet, other["name"], other["subnet"]))
         if subnet.overlaps(LINK_LOCAL):
             raise CellNatError("%s.subnet: %s is link-local" % (item, subnet))
+        uid_range = None
+        if rec.get("uid_base") is not None or rec.get("uid_size") is not None:
+            base, size = rec.get("uid_base"), rec.get("uid_size")
+            for key, value in (("uid_base", base), ("uid_size", size)):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise CellNatError("%s.%s: %r is not an integer" % (item, key, value))
+            if base < 1 or size < 1 or base + size - 1 > UID_MAX:
+                raise CellNatError("%s: uid range %d+%d is out of bounds" % (item, base, size))
+            uid_range = (base, base + size - 1)
         seen_names[name] = item
         seen_ifs[ifname] = item
         result.append({
@@ -329,8 +349,31 @@ def normalize_slots(slots, label):
             "host_ifname": ifname,
             "subnet": str(subnet),
             "gateway": str(gateway) if gateway else None,
+            "uid_range": uid_range,
         })
     return result
+
+
+def validate_ifname_prefix(value, label):
+    if not isinstance(value, str) or not _IFNAME_PREFIX_RE.match(value):
+        raise CellNatError("%s: %r must be 1-12 characters of letters, digits, '_.-'" % (label, value))
+    return value
+
+
+def door_uid_ranges(slots):
+    """Merged, sorted UID ranges of the slots ("a-b" or "a" strings for nft).
+
+    Sync workers run as their slot's range (the workspace owner); in the
+    shared UID mode several slots have the same range, listed once.
+    """
+    ranges = sorted(set(s["uid_range"] for s in slots if s.get("uid_range")))
+    merged = []
+    for low, high in ranges:
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    return [str(a) if a == b else "%d-%d" % (a, b) for a, b in merged]
 
 
 # ---------------------------------------------------------------- uplink
@@ -481,7 +524,7 @@ def conflict_message(conflict):
 # --------------------------------------------------------------- ruleset
 
 def build_ruleset(slots, uplink, allow=(), deny=(), dns_resolvers=(), dns_via_gateway=False,
-                  ratelimit=0, ratelimit_burst=10):
+                  ratelimit=0, ratelimit_burst=10, ifname_prefix="chvh", door_dir=""):
     """Data for templates/cell-nat.nft.j2 (already validated inputs).
 
     ``slots`` as returned by normalize_slots, ``allow``/``deny`` lists of
@@ -509,6 +552,9 @@ def build_ruleset(slots, uplink, allow=(), deny=(), dns_resolvers=(), dns_via_ga
         "dns_via_gateway": bool(dns_via_gateway),
         "ratelimit": int(ratelimit or 0),
         "ratelimit_burst": int(ratelimit_burst or 1),
+        "ifname_prefix": ifname_prefix,
+        "door_uids": door_uid_ranges(slots),
+        "door_dir": door_dir,
     }
 
 
@@ -516,7 +562,8 @@ def plan(params, interfaces, route_json, prefix="cell_nat_"):
     """Validate everything the role was given and return the ruleset data.
 
     ``params`` keys: slots, uplink, egress_allow, egress_deny,
-    dns_resolvers, dns_via_gateway, ratelimit, ratelimit_burst.
+    dns_resolvers, dns_via_gateway, ratelimit, ratelimit_burst,
+    ifname_prefix, door_dir.
     ``interfaces``: names present on the host (None = do not check).
     Raises CellNatError naming ``prefix + key`` on the first problem.
     """
@@ -541,9 +588,19 @@ def plan(params, interfaces, route_json, prefix="cell_nat_"):
     if ratelimit and not burst:
         raise CellNatError("%s: must be at least 1 when %s is set" % (
             _label(prefix, "ratelimit_burst"), _label(prefix, "ratelimit")))
+    ifname_prefix = validate_ifname_prefix(params.get("ifname_prefix", "chvh"), _label(prefix, "ifname_prefix"))
+    for s in slots:
+        if not s["host_ifname"].startswith(ifname_prefix):
+            raise CellNatError("%s: slot %s's interface %s does not start with %r; stale-interface rules would "
+                               "drop it" % (_label(prefix, "ifname_prefix"), s["name"], s["host_ifname"],
+                                            ifname_prefix))
+    door_dir = params.get("door_dir") or ""
+    if door_dir and (not door_dir.startswith("/") or '"' in door_dir or "*" in door_dir or "\n" in door_dir):
+        raise CellNatError("%s: %r must be an absolute path without quotes or wildcards" % (
+            _label(prefix, "door_dir"), door_dir))
     uplink, source = resolve_uplink(params.get("uplink"), route_json, interfaces, _label(prefix, "uplink"),
                                     [s["host_ifname"] for s in slots])
     data = build_ruleset(slots, uplink, allow, deny, resolvers, params.get("dns_via_gateway"),
-                         ratelimit, burst or 1)
+                         ratelimit, burst or 1, ifname_prefix, door_dir.rstrip("/"))
     data["uplink_source"] = source
     return data

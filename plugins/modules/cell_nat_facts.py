@@ -39,8 +39,10 @@ attributes:
 options:
   slots:
     description:
-      - Slot identity records (see docs/architecture.md); only C(name), C(host_ifname), C(subnet)
-        and C(gateway) are used.
+      - Slot identity records (see docs/architecture.md); only C(name), C(host_ifname), C(subnet),
+        C(gateway), C(uid_base) and C(uid_size) are used.
+      - The slots' UID ranges form the set C(door_uids) (sync workers run as their slot's range): traffic
+        of those socket owners from the guest itself gets the cells' egress policy.
       - When empty, the slots are read from O(ledger_path).
     type: list
     elements: dict
@@ -92,6 +94,19 @@ options:
       - Burst (packets) of the per-destination meter.
     type: int
     default: 10
+  ifname_prefix:
+    description:
+      - Prefix of the slots' host-side interface names. Forwarded and input traffic of an interface
+        that carries it but is no current slot (a cell whose slot was released while it ran) is dropped.
+      - Every slot's interface must start with it.
+    type: str
+    default: chvh
+  door_dir:
+    description:
+      - Directory whose C(*.nft) files the ruleset includes after the table, for other roles to add
+        socket owner UIDs to the set C(door_uids) (chv.fleet.browser adds chv-browser's). Empty: no include.
+    type: path
+    default: ''
   var_prefix:
     description:
       - Prefix put in front of option names in error messages, so that they name the caller's
@@ -221,6 +236,8 @@ def main():
             dns_via_gateway=dict(type="bool", default=False),
             ratelimit=dict(type="int", default=0),
             ratelimit_burst=dict(type="int", default=10),
+            ifname_prefix=dict(type="str", default="chvh"),
+            door_dir=dict(type="path", default=""),
             var_prefix=dict(type="str", default=""),
         ),
         supports_check_mode=True,

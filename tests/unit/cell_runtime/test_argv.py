@@ -203,3 +203,46 @@ def test_argv_command_prints_shell_line(tmp_path, raw_policy, capsys):
     assert "--network-veth-extra=lth1:eth0" in words
     assert words[-2:] == ["echo", "a b"]
     assert cli.main(["--policy", str(p), "argv", "--slot", "nope", "--", "true"]) == 78
+
+
+def test_scope_unit_name_is_the_one_in_the_argv(policy):
+    unit = argvmod.scope_unit(policy["slots"][1], "4242")
+    assert unit == "chv-cell-slot1-4242"
+    a = argvmod.build_argv(policy, policy["slots"][1], ["true"],
+                           argvmod.HostFacts(scope="systemd", existing=NONE, shared_network=False, run_id="4242"))
+    assert "--unit=" + unit in a
+
+
+def _policy_file(tmp_path, raw_policy, **kw):
+    import json
+
+    raw_policy.update(kw)
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(raw_policy))
+    return str(p)
+
+
+def test_shared_network_refused_unless_the_policy_allows_it(tmp_path, raw_policy, capsys):
+    p = _policy_file(tmp_path, raw_policy)
+    assert cli.main(["--policy", p, "argv", "--shared-network", "--", "true"]) == 78
+    assert "chv_cell_allow_shared_network" in capsys.readouterr().err
+    assert cli.main(["--policy", p, "run", "--shared-network", "--", "true"]) == 78
+    err = capsys.readouterr().err
+    assert "--shared-network is not allowed by the policy" in err and "chv_cell_allow_shared_network" in err
+    # control: allowed by the policy, argv shows the shared-network command line
+    p = _policy_file(tmp_path, raw_policy, allow_shared_network=True)
+    assert cli.main(["--policy", p, "argv", "--shared-network", "--", "true"]) == 0
+    assert "--private-network" not in capsys.readouterr().out
+
+
+def test_runtime_max_above_the_policy_refused_before_anything_starts(tmp_path, raw_policy, capsys):
+    p = _policy_file(tmp_path, raw_policy, runtime_max=60)
+    assert cli.main(["--policy", p, "run", "--runtime-max", "61", "--", "true"]) == 78
+    err = capsys.readouterr().err
+    assert "--runtime-max 61s exceeds the policy's runtime_max of 60s" in err and "chv_cell_runtime_max" in err
+
+
+def test_epilog_documents_the_exit_codes():
+    text = cli.build_parser().format_help()
+    for code in ("125", "75", "78", "124", "128+N"):
+        assert code in text, code

@@ -5,6 +5,12 @@ veths lth20/lth21, subnets 10.231.20.0/24 and 10.231.21.0/24, a private
 state dir, and touches nothing else.  Every negative check runs beside its
 positive control in the same cell, and the inaccessible boundary has a
 counter-proof (same cell without it: the file is readable).
+
+This host's main network namespace has no cell_nat table, so the policy of
+the tests that are not about it says require_ruleset: false; the ruleset
+tests load a minimal `table inet chv_cell` into the host's namespace for
+their duration (and skip when one is already there: never touch a table
+the tests did not create).
 """
 
 import copy
@@ -62,6 +68,7 @@ def env(tmp_path_factory):
         "dns_servers": ["192.0.2.53"],
         "claim_timeout": 0,
         "stop_grace": 1,
+        "require_ruleset": False,
         "slots": [slot(0), slot(1)],
     }
 
@@ -75,8 +82,21 @@ def env(tmp_path_factory):
     counter["inaccessible"] = []
     badnet = copy.deepcopy(pol)
     badnet["nsenter"] = "/bin/false"
+    variants = {
+        "ruleset": {"require_ruleset": True},
+        "shared": {"allow_shared_network": True},
+        "userns": {"allow_user_namespaces": True},
+        "runtime": {"runtime_max": 1},
+        "limits": {"properties": {"MemoryMax": "1G", "TasksMax": 100, "CPUQuota": "100%"}},
+        "limits_warn": {"properties": {"MemoryMax": "1G", "TasksMax": 100, "CPUQuota": "100%"},
+                        "require_limits": False},
+    }
     e = {"policy": write("policy.json", pol), "counter": write("counter.json", counter),
          "badnet": write("badnet.json", badnet), "pol": pol, "secret": secret_dir + "/secret"}
+    for name, extra in variants.items():
+        v = copy.deepcopy(pol)
+        v.update(extra)
+        e[name] = write(name + ".json", v)
     yield e
     shutil.rmtree(secret_dir, ignore_errors=True)
     shutil.rmtree(pol["state_dir"], ignore_errors=True)
@@ -294,13 +314,19 @@ def test_sigkill_of_the_launcher_leaves_a_claimable_slot(env):
 def test_sigterm_stops_the_payload_gracefully(env):
     ws = os.path.join(env["pol"]["workspace_root"], "slot1")
     marker = os.path.join(ws, "got-term")
-    if os.path.exists(marker):
-        os.unlink(marker)
+    ready = os.path.join(ws, "trap-set")
+    for f in (marker, ready):
+        if os.path.exists(f):
+            os.unlink(f)
     h = subprocess.Popen(cmd(env["policy"], "--slot", "slot1", "--", "sh", "-c",
-                             "trap 'touch /workspace/got-term; exit 0' TERM; sleep 30 & wait"),
+                             "trap 'touch /workspace/got-term; exit 0' TERM; touch /workspace/trap-set; "
+                             "sleep 30 & wait"),
                          stderr=subprocess.PIPE, text=True)
     wait_record(env, "slot1", h)
-    time.sleep(0.2)
+    end = time.monotonic() + 20  # the payload has set its trap (no guessing under load)
+    while not os.path.exists(ready):
+        assert h.poll() is None and time.monotonic() < end
+        time.sleep(0.02)
     h.send_signal(signal.SIGTERM)
     dummy, err = h.communicate(timeout=20)
     assert h.returncode == 128 + signal.SIGTERM
@@ -316,9 +342,188 @@ def test_veth_setup_failure_is_loud_and_kills_the_cell(env):
 
 
 def test_shared_network_only_when_asked_and_logged(env):
-    r = run(env["policy"], "--shared-network", "--", "sh", "-c", "test -e /sys/class/net/lo && echo ran")
+    r = run(env["shared"], "--shared-network", "--", "sh", "-c", "test -e /sys/class/net/lo && echo ran")
     assert r.returncode == 0 and r.stdout == "ran\n"
     assert "--shared-network" in r.stderr and "WARNING" in r.stderr
+
+
+def test_shared_network_refused_unless_the_policy_allows_it(env):
+    r = run(env["policy"], "--shared-network", "--", "sh", "-c", "echo payload-ran")
+    assert r.returncode == 78
+    assert "payload-ran" not in r.stdout
+    assert "chv_cell_allow_shared_network" in r.stderr
+    # control: the same policy runs the same payload without the flag
+    r = run(env["policy"], "--", "sh", "-c", "echo payload-ran")
+    assert r.returncode == 0 and r.stdout == "payload-ran\n"
+
+
+# ---------------------------------------------------------------- fail closed: ruleset
+MIN_TABLE = """table inet chv_cell {
+	set cell_ifs { type ifname; %s }
+	chain forward { type filter hook forward priority filter; policy accept; }
+	chain input { type filter hook input priority filter; policy accept; }
+}
+"""
+
+
+def nft(*args, stdin=None):
+    return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True, check=False)
+
+
+@pytest.fixture
+def host_table():
+    """Load a minimal cell_nat table into the host's namespace; delete it after."""
+    if not shutil.which("nft"):
+        pytest.skip("nft is needed for the ruleset tests")
+    if nft("list", "table", "inet", "chv_cell").returncode == 0:
+        pytest.skip("this host already has table inet chv_cell: not touching it")
+    loaded = []
+
+    def load(ifnames):
+        if loaded:
+            assert nft("delete", "table", "inet", "chv_cell").returncode == 0
+        elems = "elements = { %s }" % ", ".join('"%s"' % i for i in ifnames) if ifnames else ""
+        r = nft("-f", "-", stdin=MIN_TABLE % elems)
+        assert r.returncode == 0, r.stderr
+        loaded.append(ifnames)
+
+    try:
+        yield load
+    finally:
+        if loaded:
+            nft("delete", "table", "inet", "chv_cell")
+    assert nft("list", "table", "inet", "chv_cell").returncode != 0
+
+
+def marker_run(env, policy, name, slot_name="slot0"):
+    marker = os.path.join(env["pol"]["workspace_root"], slot_name, name)
+    if os.path.exists(marker):
+        os.unlink(marker)
+    r = run(policy, "--slot", slot_name, "--", "sh", "-c", "touch /workspace/%s && echo payload-ran" % name)
+    return r, os.path.exists(marker)
+
+
+def test_ruleset_absent_refused_loaded_runs(env, host_table):
+    r, ran = marker_run(env, env["ruleset"], "ruleset-marker")
+    assert r.returncode == 125, r.stderr
+    assert not ran and "payload-ran" not in r.stdout
+    assert ("nftables table inet chv_cell is not loaded (is chv-cell-nat.service active?); "
+            "refusing to start the cell (policy require_ruleset)") in r.stderr
+    # control: the same run with the table loaded
+    host_table(["lth20", "lth21"])
+    r, ran = marker_run(env, env["ruleset"], "ruleset-marker")
+    assert r.returncode == 0, r.stderr
+    assert ran and r.stdout == "payload-ran\n"
+    assert "WARNING" not in r.stderr
+
+
+def test_ruleset_without_the_slots_interface_refused(env, host_table):
+    host_table(["lth21"])
+    r, ran = marker_run(env, env["ruleset"], "ruleset-marker", "slot0")
+    assert r.returncode == 125 and not ran
+    assert "interface lth20 in set cell_ifs of table inet chv_cell" in r.stderr
+    assert "require_ruleset" in r.stderr
+    # control: slot1's interface is in the set, same table, same policy
+    r, ran = marker_run(env, env["ruleset"], "ruleset-marker", "slot1")
+    assert r.returncode == 0 and ran, r.stderr
+
+
+def test_ruleset_unchecked_only_with_a_warning(env):
+    r, ran = marker_run(env, env["policy"], "ruleset-marker")
+    assert r.returncode == 0 and ran
+    assert "WARNING: the cell_nat ruleset is not checked (policy require_ruleset is false)" in r.stderr
+
+
+# ---------------------------------------------------------------- fail closed: nested user namespaces
+USERNS_PROBE = r"""
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+pid = os.fork()
+if pid == 0:
+    r = libc.unshare(0x10000000)
+    os._exit(0 if r == 0 else 100 + ctypes.get_errno())
+st = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+u = subprocess.run(["unshare", "-U", "true"], capture_output=True, text=True)
+print("ctypes=%s unshare=%d %s" % ("ok" if st == 0 else os.strerror(st - 100), u.returncode, u.stderr.strip()))
+"""
+
+
+def test_nested_user_namespaces_off_by_default(env):
+    # control on the host, outside any cell: both probes work here
+    host = subprocess.run([sys.executable, "-I", "-c", USERNS_PROBE], capture_output=True, text=True, check=False)
+    assert host.stdout.startswith("ctypes=ok unshare=0"), host.stdout + host.stderr
+    # in a default cell: both fail (the cell's user.max_user_namespaces is 0)
+    r = run(env["policy"], "--", "python3", "-I", "-c", USERNS_PROBE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ctypes=No space left on device unshare=1"), r.stdout
+    # control: a cell whose policy allows them
+    r = run(env["userns"], "--", "python3", "-I", "-c", USERNS_PROBE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ctypes=ok unshare=0"), r.stdout
+
+
+# ---------------------------------------------------------------- fail closed: wall-clock limit
+def status(env, policy):
+    r = subprocess.run([sys.executable, "-I", ENTRY, "--policy", policy, "status"], capture_output=True, text=True,
+                       check=True)
+    return {ln.split()[0]: ln.split()[-1] for ln in r.stdout.splitlines()}
+
+
+def test_runtime_max_stops_the_cell(env):
+    t = time.monotonic()
+    r = run(env["runtime"], "--slot", "slot0", "--", "sleep", "30")
+    took = time.monotonic() - t
+    assert r.returncode == 124, r.stderr
+    assert took < 10
+    assert "runtime_max of 1s reached; stopping the cell (exit 124)" in r.stderr
+    assert status(env, env["runtime"])["slot0"] == "idle"
+    assert not os.path.exists("/sys/class/net/lth20")
+    # control: a payload under the limit returns its own code
+    r = run(env["runtime"], "--slot", "slot0", "--", "sh", "-c", "exit 3")
+    assert r.returncode == 3, r.stderr
+
+
+def test_runtime_max_flag_only_lowers(env):
+    # the policy has no limit: the flag sets one
+    t = time.monotonic()
+    r = run(env["policy"], "--runtime-max", "0.5", "--", "sleep", "30")
+    assert r.returncode == 124 and time.monotonic() - t < 10, r.stderr
+    # the policy says 1s: asking for more is refused before anything starts
+    r = run(env["runtime"], "--runtime-max", "5", "--", "sh", "-c", "echo payload-ran")
+    assert r.returncode == 78 and "payload-ran" not in r.stdout
+    assert "exceeds the policy's runtime_max of 1s" in r.stderr
+    # control: asking for less is fine
+    r = run(env["runtime"], "--runtime-max", "0.9", "--", "sh", "-c", "echo payload-ran")
+    assert r.returncode == 0 and r.stdout == "payload-ran\n"
+
+
+# ---------------------------------------------------------------- fail closed: resource limits
+def own_cgroup2_controllers():
+    with open("/proc/self/cgroup") as fh:
+        path = next(ln.split(":", 2)[2].strip() for ln in fh if ln.startswith("0::"))
+    for base in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        f = os.path.join(base + path, "cgroup.subtree_control")
+        if os.path.exists(f):
+            with open(f) as fh:
+                return set(fh.read().split())
+    return set()
+
+
+def test_limits_never_dropped_silently(env):
+    if {"memory", "pids", "cpu"} <= own_cgroup2_controllers():
+        pytest.skip("this host delegates memory, pids and cpu: the refusal cannot be shown here")
+    r, ran = marker_run(env, env["limits"], "limits-marker")
+    assert r.returncode == 125 and not ran, r.stderr
+    assert "resource limits cannot be enforced" in r.stderr and "require_limits" in r.stderr
+    missing = {"memory", "pids", "cpu"} - own_cgroup2_controllers()
+    for prop, ctrl in (("MemoryMax", "memory"), ("TasksMax", "pids"), ("CPUQuota", "cpu")):
+        if ctrl in missing:
+            assert "%s (%s.max): controller %s is not available" % (prop, ctrl, ctrl) in r.stderr
+    # control: the same properties without require_limits run, with one warning line
+    r, ran = marker_run(env, env["limits_warn"], "limits-marker")
+    assert r.returncode == 0 and ran, r.stderr
+    warn = [ln for ln in r.stderr.splitlines() if "resource limits NOT enforced" in ln]
+    assert len(warn) == 1 and "MemoryMax (memory.max)" in warn[0]
 
 
 def test_hundred_consecutive_runs(env):

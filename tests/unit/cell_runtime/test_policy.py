@@ -154,3 +154,96 @@ def test_entry_script_runs_isolated(tmp_path, raw_policy):
     r = subprocess.run([sys.executable, "-I", str(link), "validate-policy", str(good)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert "valid, 2 slot(s)" in r.stdout
+
+
+# ---------------------------------------------------------------- fail-closed keys (issue 10)
+def test_fail_closed_defaults():
+    m = policymod.merged({})
+    assert m["nft"] == "/usr/sbin/nft"
+    assert m["require_ruleset"] is True and m["require_limits"] is True
+    assert m["allow_user_namespaces"] is False and m["allow_shared_network"] is False
+    assert m["runtime_max"] == 0
+    assert "CAP_SYS_RESOURCE" in m["drop_capabilities"]  # the defaults satisfy their own rule
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda p: p.update(nft="nft"), "nft: 'nft' must be an absolute"),
+        (lambda p: p.update(require_ruleset="yes"), "require_ruleset: must be a boolean"),
+        (lambda p: p.update(require_limits=1), "require_limits: must be a boolean"),
+        (lambda p: p.update(allow_user_namespaces="false"), "allow_user_namespaces: must be a boolean"),
+        (lambda p: p.update(allow_shared_network=None), "allow_shared_network: must be a boolean"),
+        (lambda p: p.update(runtime_max=-1), "runtime_max: must be a number"),
+        (lambda p: p.update(runtime_max=True), "runtime_max: must be a number"),
+        (lambda p: p.update(runtime_max="60"), "runtime_max: must be a number"),
+        (lambda p: p.update(runtime_max=10 ** 9), "runtime_max: must be a number"),
+        (lambda p: p.update(properties={"IOWeight": 100}), "IOWeight is not a property the launcher can map"),
+        (lambda p: p.update(properties={"MemoryMax": "lots"}), "MemoryMax=lots: expected bytes"),
+    ],
+)
+def test_rejects_fail_closed_keys(raw_policy, mutate, expected):
+    mutate(raw_policy)
+    errs = errors_of(raw_policy)
+    assert expected in errs, errs
+
+
+def test_unmappable_property_allowed_only_without_require_limits(raw_policy):
+    raw_policy["properties"] = {"IOWeight": 100, "MemoryMax": "10%"}
+    assert "IOWeight" in errors_of(raw_policy)
+    raw_policy["require_limits"] = False
+    assert policymod.validate(raw_policy) == []
+
+
+def test_user_namespaces_off_needs_cap_sys_resource_dropped(raw_policy):
+    caps = sorted(policymod.REQUIRED_DROPPED_CAPS)
+    raw_policy["drop_capabilities"] = caps
+    assert "must include CAP_SYS_RESOURCE while allow_user_namespaces is false" in errors_of(raw_policy)
+    raw_policy["drop_capabilities"] = caps + ["CAP_SYS_RESOURCE"]
+    assert policymod.validate(raw_policy) == []
+    # control: with nested user namespaces allowed, the capability may stay
+    raw_policy["drop_capabilities"] = caps
+    raw_policy["allow_user_namespaces"] = True
+    assert policymod.validate(raw_policy) == []
+
+
+def test_fail_closed_keys_valid_when_set(raw_policy):
+    raw_policy.update(nft="/usr/local/sbin/nft", require_ruleset=False, require_limits=False,
+                      allow_user_namespaces=True, allow_shared_network=True, runtime_max=3600.5)
+    assert policymod.validate(raw_policy) == []
+
+
+@pytest.mark.parametrize(
+    "policy_max, requested, result",
+    [(0, None, 0), (0, 5, 5), (0, 0.5, 0.5), (60, None, 60), (60, 30, 30), (60, 60, 60), (60, 0.1, 0.1)],
+)
+def test_effective_runtime_max(policy_max, requested, result):
+    assert policymod.effective_runtime_max(policy_max, requested) == result
+
+
+@pytest.mark.parametrize(
+    "policy_max, requested, message",
+    [
+        (60, 61, "exceeds the policy's runtime_max of 60s (role variable chv_cell_runtime_max)"),
+        (60, 0, "a run may only lower that"),
+        (0, 0, "must be > 0"),
+        (0, -3, "must be > 0"),
+        (60, float("nan"), "must be a number"),
+        (60, True, "must be a number"),
+    ],
+)
+def test_effective_runtime_max_refuses(policy_max, requested, message):
+    with pytest.raises(ValueError) as e:
+        policymod.effective_runtime_max(policy_max, requested)
+    assert message in str(e.value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(policy_max=st.integers(min_value=0, max_value=10 ** 6), requested=st.floats(min_value=0.001, max_value=10 ** 7))
+def test_runtime_max_can_only_be_lowered(policy_max, requested):
+    try:
+        got = policymod.effective_runtime_max(policy_max, requested)
+    except ValueError:
+        assert policy_max and requested > policy_max
+    else:
+        assert got == requested and (policy_max == 0 or got <= policy_max)

@@ -61,6 +61,11 @@ def cell_paths(policy, slot):
     }
 
 
+def scope_unit(slot, run_id):
+    """Name of the transient scope of one run (systemd-run adds ".scope")."""
+    return "chv-cell-%s-%s" % (slot["name"], run_id)
+
+
 def _subst(path, slot):
     return path.replace("{slot}", slot["name"])
 
@@ -129,7 +134,7 @@ def build_argv(policy, slot, command, facts):
             "--scope",
             "--quiet",
             "--collect",
-            "--unit=chv-cell-%s-%s" % (slot["name"], facts.run_id),
+            "--unit=" + scope_unit(slot, facts.run_id),
             "--description=chv cell %s" % slot["name"],
             # nspawn manages the cgroups below its unit, as in its own scopes
             "--property=Delegate=yes",

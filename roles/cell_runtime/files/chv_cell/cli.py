@@ -35,9 +35,11 @@ def build_parser():
     ap = argparse.ArgumentParser(
         prog="chv-cell",
         description="Run a command in a hardened systemd-nspawn cell.",
-        epilog="exit codes: the payload's own; %d cell setup failed; %d every slot busy until the "
-        "timeout; %d unusable policy; 128+N stopped by signal N"
-        % (runner.EXIT_SETUP, runner.EXIT_BUSY, runner.EXIT_CONFIG),
+        epilog="exit codes: the payload's own; %d cell setup failed or a fail-closed check refused it "
+        "(ruleset, limits, user namespaces; the payload did not run); %d every slot busy until the "
+        "timeout; %d unusable policy, or a run the policy forbids (--shared-network, --runtime-max above "
+        "runtime_max); %d wall-clock limit (runtime_max / --runtime-max) reached; 128+N stopped by signal N"
+        % (runner.EXIT_SETUP, runner.EXIT_BUSY, runner.EXIT_CONFIG, runner.EXIT_RUNTIME),
     )
     ap.add_argument("--policy", default=policymod.DEFAULT_POLICY_PATH, help="policy file (default %(default)s)")
     ap.add_argument("-v", "--verbose", action="store_true", help="log slot claim and timing to stderr")
@@ -49,7 +51,15 @@ def build_parser():
     r.add_argument(
         "--shared-network",
         action="store_true",
-        help="run in the host's network namespace (explicit, logged; never a fallback)",
+        help="run in the host's network namespace (explicit, logged; never a fallback; only when the "
+        "policy's allow_shared_network is true)",
+    )
+    r.add_argument(
+        "--runtime-max",
+        type=float,
+        metavar="S",
+        help="stop the cell after S seconds (exit %d); may only lower the policy's runtime_max"
+        % runner.EXIT_RUNTIME,
     )
     r.add_argument("command", nargs=argparse.REMAINDER)
 
@@ -90,6 +100,9 @@ def main(args=None):
 
     if ns.action == "argv":
         cmd = _command(ns, ap)
+        if ns.shared_network and not pol["allow_shared_network"]:
+            runner.log(runner.SHARED_NETWORK_REFUSAL)
+            return runner.EXIT_CONFIG
         try:
             slot = _pick_slot(pol, ns.slot)
         except policymod.PolicyError as exc:
@@ -128,4 +141,5 @@ def main(args=None):
 
     cmd = _command(ns, ap)
     launcher = runner.Launcher(pol, verbose=ns.verbose)
-    return launcher.run(cmd, slot_name=ns.slot, timeout=ns.timeout, shared_network=ns.shared_network)
+    return launcher.run(cmd, slot_name=ns.slot, timeout=ns.timeout, shared_network=ns.shared_network,
+                        runtime_max=ns.runtime_max)

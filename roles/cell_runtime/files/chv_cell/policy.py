@@ -13,6 +13,8 @@ import ipaddress
 import json
 import re
 
+from . import limits as limitsmod
+
 POLICY_VERSION = 1
 DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"
 
@@ -43,6 +45,11 @@ REQUIRED_DROPPED_CAPS = frozenset(
         "CAP_MKNOD",
     ]
 )
+# Cell root could raise its own user.max_user_namespaces (set to 0 by the
+# launcher unless allow_user_namespaces) again with this capability.
+USERNS_GUARD_CAP = "CAP_SYS_RESOURCE"
+# Upper bound of runtime_max (seconds): a year.
+RUNTIME_MAX_LIMIT = 366 * 86400
 REQUIRED_DENIED_SYSCALLS = frozenset(["io_uring_setup", "io_uring_enter", "io_uring_register"])
 
 KNOWN_RLIMITS = frozenset(
@@ -62,6 +69,7 @@ DEFAULTS = {
     "systemd_run": "/usr/bin/systemd-run",
     "ip": "/usr/bin/ip",
     "nsenter": "/usr/bin/nsenter",
+    "nft": "/usr/sbin/nft",
     "state_dir": "/run/chv-fleet",
     "workspace_root": "/var/lib/chv-fleet/workspaces",
     "workspace_mount": "/workspace",
@@ -69,7 +77,7 @@ DEFAULTS = {
     "agent_state_mount": "/root",
     "scope": "auto",
     "register": False,
-    "drop_capabilities": sorted(REQUIRED_DROPPED_CAPS),
+    "drop_capabilities": sorted(REQUIRED_DROPPED_CAPS | {USERNS_GUARD_CAP}),
     "no_new_privileges": True,
     "syscall_deny": sorted(REQUIRED_DENIED_SYSCALLS),
     "inaccessible": ["/etc/chv"],
@@ -85,6 +93,13 @@ DEFAULTS = {
     "claim_timeout": 30.0,
     "start_timeout": 20.0,
     "stop_grace": 3.0,
+    # Fail closed (docs/cells.md "Fail closed"): each of these refuses a run
+    # rather than starting a cell without the protection.
+    "require_ruleset": True,
+    "require_limits": True,
+    "allow_user_namespaces": False,
+    "allow_shared_network": False,
+    "runtime_max": 0,
     "slots": [],
 }
 
@@ -281,7 +296,7 @@ def validate(obj):
         errors.append("slots: missing")
     p = merged(obj)
 
-    for key in ("nspawn", "systemd_run", "ip", "nsenter", "state_dir", "workspace_root", "agent_state_root"):
+    for key in ("nspawn", "systemd_run", "ip", "nsenter", "nft", "state_dir", "workspace_root", "agent_state_root"):
         if not _is_abs_clean(p[key]) or p[key] == "/":
             errors.append("%s: %r must be an absolute normalised path" % (key, p[key]))
     for key in ("workspace_mount", "agent_state_mount"):
@@ -293,7 +308,8 @@ def validate(obj):
                 errors.append("%s: must not overlap state_dir %s" % (key, p["state_dir"]))
     if p["scope"] not in ("auto", "systemd", "standalone"):
         errors.append("scope: must be auto, systemd or standalone")
-    for key in ("register", "no_new_privileges"):
+    for key in ("register", "no_new_privileges", "require_ruleset", "require_limits", "allow_user_namespaces",
+                "allow_shared_network"):
         if not isinstance(p[key], bool):
             errors.append("%s: must be a boolean" % key)
     if p["no_new_privileges"] is False:
@@ -302,6 +318,15 @@ def validate(obj):
     _check_names(errors, "drop_capabilities", p["drop_capabilities"], "capability names",
                  lambda c: _CAP_RE.match(c) and c in KNOWN_CAPS,
                  "drop_capabilities: unknown capability %r", REQUIRED_DROPPED_CAPS)
+    if (
+        p["allow_user_namespaces"] is False
+        and isinstance(p["drop_capabilities"], list)
+        and USERNS_GUARD_CAP not in p["drop_capabilities"]
+    ):
+        errors.append(
+            "drop_capabilities: must include %s while allow_user_namespaces is false (cell root could "
+            "raise user.max_user_namespaces again)" % USERNS_GUARD_CAP
+        )
     _check_names(errors, "syscall_deny", p["syscall_deny"], "syscall names", _SYSCALL_RE.match,
                  "syscall_deny: %r is not a syscall name (groups only widen nspawn's filter)",
                  REQUIRED_DENIED_SYSCALLS)
@@ -340,6 +365,17 @@ def validate(obj):
                 errors.append("%s: %r is not a valid %s name" % (key, k, what))
             if not isinstance(v, (str, int)) or isinstance(v, bool) or "\n" in str(v) or "\0" in str(v):
                 errors.append("%s: value of %s must be a single-line string or number" % (key, k))
+    if isinstance(p["properties"], dict) and p["require_limits"] is True:
+        for k, v in sorted(p["properties"].items()):
+            if not _PROP_RE.match(k) or not isinstance(v, (str, int)) or isinstance(v, bool):
+                continue
+            try:
+                limitsmod.convert(k, v, mem_total=limitsmod.NOMINAL_MEM_TOTAL, tasks_total=limitsmod.NOMINAL_TASKS)
+            except limitsmod.LimitError as exc:
+                errors.append(
+                    "properties: %s (require_limits refuses every property the launcher cannot check; "
+                    "set require_limits to false to pass it unchecked)" % exc
+                )
     if isinstance(p["setenv"], dict) and str(p["setenv"].get("CHV_CELL", "1")) != "1":
         errors.append("setenv: CHV_CELL is always 1 in a cell")
     if isinstance(p["nspawn_environment"], dict):
@@ -379,8 +415,38 @@ def validate(obj):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
             errors.append("%s: must be a number between %s and %s" % (key, lo, hi))
 
+    v = p["runtime_max"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= RUNTIME_MAX_LIMIT:
+        errors.append("runtime_max: must be a number of seconds between 0 (no limit) and %d" % RUNTIME_MAX_LIMIT)
+
     _check_slots(p["slots"], errors)
     return errors
+
+
+def effective_runtime_max(policy_max, requested):
+    """The wall-clock limit of one run (seconds, 0 = none).
+
+    ``requested`` (``chv-cell run --runtime-max``, None when not given) may
+    only lower the policy's ``runtime_max``; with a policy of 0 any positive
+    value is allowed.  Raises ValueError with the message to show.
+    """
+    if requested is None:
+        return policy_max
+    if isinstance(requested, bool) or not isinstance(requested, (int, float)) or requested != requested:
+        raise ValueError("--runtime-max must be a number of seconds")
+    if requested <= 0:
+        if policy_max:
+            raise ValueError(
+                "--runtime-max must be > 0: the policy limits every run to %gs (runtime_max, role variable "
+                "chv_cell_runtime_max) and a run may only lower that" % policy_max
+            )
+        raise ValueError("--runtime-max must be > 0 seconds")
+    if policy_max and requested > policy_max:
+        raise ValueError(
+            "--runtime-max %gs exceeds the policy's runtime_max of %gs (role variable chv_cell_runtime_max); "
+            "a run may only lower it" % (requested, policy_max)
+        )
+    return requested
 
 
 def load(path=DEFAULT_POLICY_PATH):

@@ -16,11 +16,23 @@ import time
 
 from . import argv as argvmod
 from . import claim as claimmod
+from . import limits as limitsmod
+from . import policy as policymod
 from . import resolver
+from . import ruleset as rulesetmod
 
 EXIT_SETUP = 125  # the launcher could not start the cell (payload did not run)
 EXIT_BUSY = 75  # EX_TEMPFAIL: every candidate slot stayed busy until the timeout
-EXIT_CONFIG = 78  # EX_CONFIG: the policy file is unusable
+EXIT_CONFIG = 78  # EX_CONFIG: the policy file is unusable, or forbids what the run asked for
+EXIT_RUNTIME = 124  # the cell reached its wall-clock limit (runtime_max) and was stopped
+
+SHARED_NETWORK_REFUSAL = (
+    "--shared-network is not allowed by the policy (allow_shared_network is false; role variable "
+    "chv_cell_allow_shared_network)"
+)
+USERNS_SYSCTL = "/proc/sys/user/max_user_namespaces"
+CLONE_NEWUSER = 0x10000000
+TOOL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "LC_ALL": "C"}
 
 PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
 INACCESSIBLE_DIR = "/run/systemd/inaccessible"
@@ -28,6 +40,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 class SetupError(Exception):
+    pass
+
+
+class RuntimeLimit(Exception):
     pass
 
 
@@ -59,11 +75,10 @@ def probe(paths):
 
 
 # ---------------------------------------------------------------- cgroups
-def _own_cgroup_dirs():
-    """Directories of this process's cgroups that nspawn itself would use:
-    the cgroup2 one and (on hybrid hosts) the name=systemd v1 one."""
+def _cgroup_mounts(mountinfo="/proc/self/mountinfo"):
+    """{"": (root, mountpoint) of cgroup2, "name=systemd": (...) of the v1 one}."""
     mounts = {}
-    with open("/proc/self/mountinfo") as fh:
+    with open(mountinfo) as fh:
         for line in fh:
             left, right = line.split(" - ", 1)
             lf, rf = left.split(), right.split()
@@ -72,20 +87,75 @@ def _own_cgroup_dirs():
                 mounts.setdefault("", (root, mnt))
             elif fstype == "cgroup" and "name=systemd" in opts.split(","):
                 mounts.setdefault("name=systemd", (root, mnt))
-    out = []
-    with open("/proc/self/cgroup") as fh:
+    return mounts
+
+
+def _cgroup_dirs_of(pid="self"):
+    """{"": cgroup2 dir, "name=systemd": v1 dir} of a process, as host paths."""
+    mounts = _cgroup_mounts()
+    out = {}
+    with open("/proc/%s/cgroup" % pid) as fh:
         for line in fh:
             hier, ctrls, path = line.rstrip("\n").split(":", 2)
             key = "" if hier == "0" else ctrls
             if key in mounts:
                 root, mnt = mounts[key]
                 rel = path[len(root):] if root != "/" and path.startswith(root) else path
-                out.append(os.path.normpath(mnt + "/" + rel.lstrip("/")))
+                out[key] = os.path.normpath(mnt + "/" + rel.lstrip("/"))
     return out
+
+
+def _own_cgroup_dirs():
+    """Directories of this process's cgroups that nspawn itself would use:
+    the cgroup2 one and (on hybrid hosts) the name=systemd v1 one."""
+    return list(_cgroup_dirs_of().values())
 
 
 def cgroup_dirs_for(slot_name):
     return [os.path.join(d, "chv-cell-" + slot_name) for d in _own_cgroup_dirs()]
+
+
+def cgroup2_dir_for(slot_name):
+    """The cell's cgroup2 directory in standalone scope (None without cgroup2)."""
+    d = _cgroup_dirs_of().get("")
+    return os.path.join(d, "chv-cell-" + slot_name) if d else None
+
+
+def _read(path):
+    with open(path) as fh:
+        return fh.read()
+
+
+def scope_limit_problems(limits, d, page=None):
+    """What of ``limits`` the cgroup directory ``d`` does not enforce."""
+    page = page or os.sysconf("SC_PAGE_SIZE")
+    problems = []
+    for lim in limits:
+        try:
+            got = _read(os.path.join(d, lim.file))
+        except OSError:
+            problems.append("%s (%s): %s is absent in %s (controller %s not delegated)"
+                            % (lim.prop, lim.file, lim.file, d, lim.controller))
+            continue
+        if not limitsmod.matches(lim, got, page):
+            problems.append("%s (%s): reads %r in %s, asked %s" % (lim.prop, lim.file, got.strip(), d, lim.value))
+    return problems
+
+
+def _host_facts_for_limits():
+    """Memory size and the system's task limit (for percentages)."""
+    mem_total = tasks = None
+    try:
+        for line in _read("/proc/meminfo").splitlines():
+            if line.startswith("MemTotal:"):
+                mem_total = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        tasks = min(int(_read("/proc/sys/kernel/pid_max")), int(_read("/proc/sys/kernel/threads-max")))
+    except (OSError, ValueError):
+        pass
+    return mem_total, tasks
 
 
 def _cgroup_pids(top):
@@ -440,6 +510,145 @@ class Launcher:
         }
         _write_atomic(paths["record"], json.dumps(rec, sort_keys=True) + "\n", 0o600)
 
+    # -- fail-closed checks (before the gate opens) ------------------------
+    def _limits_verdict(self, slot, problems):
+        if not problems:
+            return
+        if self.policy["require_limits"]:
+            raise SetupError(
+                "resource limits cannot be enforced: %s; refusing to start the cell (policy require_limits)"
+                % "; ".join(problems)
+            )
+        log("slot %s: WARNING: resource limits NOT enforced: %s (policy require_limits is false)"
+            % (slot["name"], "; ".join(problems)))
+
+    def apply_standalone_limits(self, slot, cg2):
+        """Write the policy's properties into the cell's own cgroup2
+        directory (before nspawn is in it)."""
+        props = self.policy["properties"]
+        if not props:
+            return
+        mem_total, tasks = _host_facts_for_limits()
+        limits, problems = limitsmod.plan(props, mem_total, tasks)
+        if cg2 is None:
+            bad = [(lim, "no cgroup2 hierarchy on this host") for lim in limits]
+        else:
+            parent = os.path.dirname(cg2)
+            try:
+                enabled = set(_read(os.path.join(parent, "cgroup.subtree_control")).split())
+            except OSError:
+                enabled = set()
+            bad = limitsmod.unavailable(limits, enabled, set(os.listdir(cg2)))
+            bad = [(lim, r + " (not in %s/cgroup.subtree_control)" % parent if r.startswith("controller") else r)
+                   for lim, r in bad]
+        problems += [limitsmod.describe([b]) for b in bad]
+        self._limits_verdict(slot, problems)
+        skipped = {lim for lim, dummy in bad}
+        for lim in limits:
+            if lim in skipped:
+                continue
+            path = os.path.join(cg2, lim.file)
+            try:
+                with open(path, "w") as fh:
+                    fh.write(lim.value + "\n")
+                got = _read(path)
+            except OSError as exc:
+                raise SetupError("cannot write %s=%s to %s: %s" % (lim.prop, lim.value, path, exc.strerror))
+            if not limitsmod.matches(lim, got, os.sysconf("SC_PAGE_SIZE")):
+                raise SetupError("%s reads %r after writing %s (%s)" % (path, got.strip(), lim.value, lim.prop))
+            self.debug("slot %s: %s = %s" % (slot["name"], path, lim.value))
+
+    def check_scope_limits(self, slot, leader, unit):
+        """systemd scope: the scope's cgroup must carry the limits asked."""
+        props = self.policy["properties"]
+        if not props:
+            return
+        mem_total, tasks = _host_facts_for_limits()
+        limits, problems = limitsmod.plan(props, mem_total, tasks)
+        mount = _cgroup_mounts().get("")
+        try:
+            cg = _cgroup_dirs_of(leader).get("")
+        except OSError:
+            cg = None
+        scope = None
+        if mount is not None and cg is not None:
+            scope = limitsmod.scope_dir(cg[len(mount[1]):], unit)
+        if scope is None:
+            problems += ["%s (%s): the cell's cgroup2 scope %s was not found" % (lim.prop, lim.file, unit)
+                         for lim in limits]
+        else:
+            problems += scope_limit_problems(limits, mount[1] + scope)
+        self._limits_verdict(slot, problems)
+
+    def restrict_user_namespaces(self, leader):
+        """Write 0 to user.max_user_namespaces of the cell's own user
+        namespace.  The user.* sysctls resolve against the writer's user
+        namespace, so a forked child joins the cell's (setns) and writes."""
+        own, cell = (os.stat("/proc/%s/ns/user" % x).st_ino for x in ("self", leader))
+        if own == cell:
+            raise SetupError("the cell has no user namespace of its own")
+        fd = os.open("/proc/%d/ns/user" % leader, os.O_RDONLY | os.O_CLOEXEC)
+        r, w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (child)
+            code, msg = 1, "no answer"
+            try:
+                os.close(r)
+                if self._libc.setns(fd, CLONE_NEWUSER) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, "setns(CLONE_NEWUSER): " + os.strerror(e))
+                with open(USERNS_SYSCTL, "w") as fh:
+                    fh.write("0\n")
+                with open(USERNS_SYSCTL) as fh:
+                    msg = "value " + fh.read().strip()
+                code = 0
+            except BaseException as exc:  # noqa: B036 (report everything, then exit)
+                msg = "error %s" % exc
+            try:
+                os.write(w, msg.encode()[:2000])
+            finally:
+                os._exit(code)
+        os.close(w)
+        os.close(fd)
+        chunks = []
+        while True:
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(r)
+        os.waitpid(pid, 0)
+        answer = b"".join(chunks).decode(errors="replace") or "no answer"
+        if answer != "value 0":
+            raise SetupError(
+                "cannot set user.max_user_namespaces to 0 in the cell (%s); refusing to start the cell "
+                "(policy allow_user_namespaces is false)" % answer
+            )
+
+    def check_ruleset(self, slot):
+        """The cell_nat table must be loaded and cover this slot's veth."""
+        cmd = rulesetmod.list_command(self.policy["nft"])
+        tail = "; refusing to start the cell (policy require_ruleset)"
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=TOOL_ENV, timeout=20,
+                               check=False)
+        except OSError as exc:
+            raise SetupError("cannot run %s: %s%s" % (cmd[0], exc.strerror, tail))
+        except subprocess.TimeoutExpired:
+            raise SetupError("%s did not answer within 20s%s" % (" ".join(cmd), tail))
+        listing = r.stdout.decode(errors="replace")
+        if r.returncode != 0:
+            err = r.stderr.decode(errors="replace").strip()
+            if "No such file or directory" not in err:
+                raise SetupError("%s failed (exit %d): %s%s" % (" ".join(cmd), r.returncode, err, tail))
+            listing = None
+        try:
+            items = rulesetmod.missing(listing, slot["host_ifname"])
+        except rulesetmod.RulesetError as exc:
+            raise SetupError("%s%s" % (exc, tail))
+        if items:
+            raise SetupError(rulesetmod.refusal(items))
+
     # -- stop -----------------------------------------------------------
     def stop(self, proc, pidfd, leader):
         """Orderly stop: SIGTERM the payload, give it stop_grace seconds,
@@ -471,8 +680,16 @@ class Launcher:
                 return
 
     # -- the whole run --------------------------------------------------
-    def run(self, command, slot_name=None, timeout=None, shared_network=False):
+    def run(self, command, slot_name=None, timeout=None, shared_network=False, runtime_max=None):
         p = self.policy
+        if shared_network and not p["allow_shared_network"]:
+            log(SHARED_NETWORK_REFUSAL)
+            return EXIT_CONFIG
+        try:
+            runtime_max = policymod.effective_runtime_max(p["runtime_max"], runtime_max)
+        except ValueError as exc:
+            log(str(exc))
+            return EXIT_CONFIG
         if os.geteuid() != 0:
             log("run must be started as root (it starts systemd-nspawn)")
             return EXIT_SETUP
@@ -499,13 +716,13 @@ class Launcher:
                 return 128 + exc.signum
             slot = next(s for s in slots if s["name"] == name)
             try:
-                return self._run_claimed(slot, scope, command, shared_network, t0)
+                return self._run_claimed(slot, scope, command, shared_network, t0, runtime_max)
             finally:
                 held.release()
         finally:
             self.restore_signals()
 
-    def _run_claimed(self, slot, scope, command, shared_network, t0):
+    def _run_claimed(self, slot, scope, command, shared_network, t0, runtime_max=0):
         p = self.policy
         proc = pidfd = gate_fd = leader = None
         cgroups = []
@@ -520,10 +737,10 @@ class Launcher:
                 cgroups = cgroup_dirs_for(slot["name"])
                 for d in cgroups:
                     os.mkdir(d, 0o755)
+                self.apply_standalone_limits(slot, cgroup2_dir_for(slot["name"]))
             paths_probed = probe(argvmod.probe_paths(p, slot))
-            facts = argvmod.HostFacts(
-                scope=scope, existing=paths_probed, shared_network=shared_network, run_id=str(os.getpid())
-            )
+            run_id = str(os.getpid())
+            facts = argvmod.HostFacts(scope=scope, existing=paths_probed, shared_network=shared_network, run_id=run_id)
             argv = argvmod.build_argv(p, slot, command, facts)
             if any(a.startswith("--inaccessible=") for a in argv):
                 ensure_inaccessible_nodes()
@@ -536,15 +753,37 @@ class Launcher:
             self.write_record(slot, leader)
             if not shared_network:
                 self.configure_network(slot, leader, proc, pidfd, deadline)
+            if scope == "systemd":
+                self.check_scope_limits(slot, leader, argvmod.scope_unit(slot, run_id) + ".scope")
+            if not p["allow_user_namespaces"]:
+                self.restrict_user_namespaces(leader)
+            if shared_network:
+                pass  # no veth of the slot: the cell is in the host's network namespace
+            elif p["require_ruleset"]:
+                self.check_ruleset(slot)
+            else:
+                log("slot %s: WARNING: the cell_nat ruleset is not checked (policy require_ruleset is false)"
+                    % slot["name"])
             os.write(gate_fd, b"go\n")
             gate_open = True
-            self.debug("slot %s: payload released %.3fs after start" % (slot["name"], time.monotonic() - t0))
+            released = time.monotonic()
+            self.debug("slot %s: payload released %.3fs after start" % (slot["name"], released - t0))
             while proc.poll() is None:
-                self.sleep(3600, [pidfd])
+                if runtime_max:
+                    left = released + runtime_max - time.monotonic()
+                    if left <= 0:
+                        raise RuntimeLimit()
+                    self.sleep(min(left, 3600), [pidfd])
+                else:
+                    self.sleep(3600, [pidfd])
             rc = proc.returncode
         except Interrupted as exc:
             log("slot %s: stopping on signal %d" % (slot["name"], exc.signum))
             rc = 128 + exc.signum
+        except RuntimeLimit:
+            log("slot %s: runtime_max of %gs reached; stopping the cell (exit %d)" % (slot["name"], runtime_max,
+                                                                                       EXIT_RUNTIME))
+            rc = EXIT_RUNTIME
         except (SetupError, resolver.ResolverError, OSError) as exc:
             log("slot %s: %s" % (slot["name"], exc))
             rc = EXIT_SETUP

@@ -6,10 +6,13 @@ interpreter named by CHV_BROWSER_PYTHON, else in the test interpreter; it is
 never asked to download a browser.  The service runs as `nobody` with
 chromium's own sandbox on, as in production.
 """
+import contextlib
 import http.server
 import json
 import os
+import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,14 +57,65 @@ LONG = ("<!doctype html><html><head><title>Long</title></head><body><ul>%s</ul><
 ESCAPE = b"""<!doctype html><html><head><title>bye</title></head><body>
 <script>location.href = "data:text/html,<h1>gone</h1>";</script></body></html>"""
 DOWNLOAD = b"PK\x03\x04 not really a zip"
+SLOW = b"""<!doctype html><html><head><title>Slow page</title></head>
+<body><h1>Finally here</h1></body></html>"""
+
+
+class Stall:
+    """GET /stall/<key> answers only once release(key) is called: a page that never finishes by itself.
+
+    ``arrived(key)`` is set when chromium's request reached the server; ``abandoned(key)`` when
+    chromium closed that connection before getting an answer (its page or context was closed).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._events = {}
+
+    def _event(self, kind, key):
+        with self._lock:
+            return self._events.setdefault((kind, key), threading.Event())
+
+    def arrived(self, key):
+        return self._event("arrived", key)
+
+    def abandoned(self, key):
+        return self._event("abandoned", key)
+
+    def release(self, key):
+        self._event("release", key).set()
+
+    def serve(self, handler, key):
+        """Wait (in the server's handler thread) for release(key) or for the client to hang up."""
+        self.arrived(key).set()
+        release = self._event("release", key)
+        sock = handler.connection
+        deadline = time.monotonic() + 600  # never outlive a broken test run by much
+        while not release.wait(0.05):
+            if time.monotonic() > deadline:
+                return False
+            readable, dummy, dummy = select.select([sock], [], [], 0)
+            if readable and not sock.recv(1, socket.MSG_PEEK):  # EOF: chromium gave up on this request
+                self.abandoned(key).set()
+                return False
+        return True
+
+
+STALL = Stall()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (stdlib name)
+        if self.path.startswith("/stall/"):
+            if not STALL.serve(self, self.path[len("/stall/"):]):
+                self.close_connection = True
+                return
+            self.path = "/slow"
         body, ctype, extra = {
             "/": (PAGE, "text/html", {}),
             "/long": (LONG, "text/html", {}),
             "/escape": (ESCAPE, "text/html", {}),
+            "/slow": (SLOW, "text/html", {}),
             "/download": (DOWNLOAD, "application/zip", {"Content-Disposition": "attachment; filename=x.zip"}),
         }.get(self.path, (b"not found", "text/plain", {}))
         self.send_response(200 if body != b"not found" else 404)
@@ -127,13 +181,24 @@ class BrowserProc:
             self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def browser():
+@contextlib.contextmanager
+def running_browser(**overrides):
+    """A chv-browser of its own (config ``overrides``), stopped and cleaned up afterwards."""
     if SKIP_REASON:
         pytest.skip(SKIP_REASON)
     root = tempfile.mkdtemp(prefix="chvbr-")
     os.chmod(root, 0o755)
-    b = BrowserProc(root, max_lines=50, max_bytes=4096)
-    yield b
-    b.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        b = BrowserProc(root, **overrides)
+        try:
+            yield b
+        finally:
+            b.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with running_browser(max_lines=50, max_bytes=4096) as b:
+        yield b

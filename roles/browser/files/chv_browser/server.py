@@ -2,25 +2,54 @@
 
 Listens on a Unix socket that only chv-broker's group can reach; every
 request names the slot it is for (the broker fills it in after its peer
-check; chv-browser trusts it because nobody else can connect).  All
-Playwright calls run on one worker thread (Playwright's sync API is not
-thread-safe); connection threads hand requests to it through a queue.
+check; chv-browser trusts it because nobody else can connect).  Each
+connection is handled on a thread of its own (wire.serve_connections, at
+most max_connections at once).
+
+Concurrency: one chromium, driven through Playwright's async API from one
+asyncio event loop that runs on a thread of its own ("playwright").  Every
+slot has its own browser context with one page, and its own asyncio.Lock:
+a slot's requests run one at a time, in the order they reach the loop,
+while other slots' requests run alongside them on the same loop, so a page
+that never finishes loading for one slot holds up no other slot.  A
+connection thread hands its request to the loop with
+asyncio.run_coroutine_threadsafe and waits for the answer.
+
+Deadline: every request is answered within request_timeout seconds of
+reaching the engine, the wait behind the same slot's earlier requests
+included (asyncio.wait_for).  Past it the client gets an error naming
+request_timeout.  If the request had already started, the slot's context
+(and page) is dropped at once and closed in the background (which also
+stops whatever it was still loading), so the slot's next request starts on
+a fresh page instead of queueing behind a stuck one.  A context or a
+chromium launch that is still being created when its request runs out of
+time is finished anyway and then closed (the context) or kept for the next
+request (chromium), never left behind unowned.
+
+Contexts unused for idle_timeout seconds are closed by a task on the loop
+(checked every min(10, max(0.5, idle_timeout / 4)) seconds; a slot with a
+request running or queued is never reaped).  A chromium that went away is
+launched again by the next request that needs a page.  On SIGTERM/SIGINT
+the listener stops accepting, every context, chromium and the Playwright
+driver are closed (a request still running ends with an error), and the
+process waits up to 10 s for those errors to reach their clients before it
+exits.
 
 Operations: open(url), snapshot, screenshot(name), close.  Nothing else:
 no evaluate, no page content or DOM, no downloads, no DevTools endpoint
 (Playwright talks to chromium over a pipe, never a port).
 """
 import argparse
+import asyncio
+import concurrent.futures
 import grp
 import json
 import os
-import queue
 import signal
 import socket
 import sys
 import threading
 import time
-from concurrent.futures import Future
 
 from . import wire
 from .policy import Refused, check_name, check_slot, check_url, truncate, url_allowed
@@ -64,140 +93,273 @@ def _log(**fields):
         pass
 
 
+class DeadlineExceeded(Exception):
+    """A request was not answered within request_timeout; the message goes back to the cell."""
+
+
+# seconds a context.close() may take before it is given up on (logged); chromium is not waited for forever
+CLOSE_TIMEOUT = 10.0
+# how much longer than request_timeout a connection thread waits for the loop before giving up on it:
+# the loop answers at the deadline itself, this only matters if the loop thread is stuck
+LOOP_GRACE = 30.0
+
+
 class Engine:
-    """Owns Playwright, the chromium process and one browser context per slot."""
+    """Owns Playwright, the chromium process and one browser context per slot.
+
+    Why one asyncio loop rather than a worker thread per slot: Playwright's
+    sync API binds every object to the thread that created it, so per-slot
+    threads would each need their own Playwright driver (a node process)
+    and their own chromium, multiplying memory per cell; and a sync call
+    cannot be abandoned, so a request past its deadline would keep its
+    thread (and so its slot) blocked until Playwright's own timeout fired.
+    On one loop all slots share one driver and one chromium, and a request
+    past its deadline is cancelled where it waits (asyncio.wait_for), after
+    which closing the slot's context stops the page in chromium.
+
+    Public methods (start, submit, stop) are called from other threads;
+    everything else runs on the loop thread only, so the slot tables need no
+    thread locks.
+    """
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.jobs = queue.Queue()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run_loop, name="playwright", daemon=True)
+        # loop thread only from here on
         self._pw = None
         self._browser = None
+        self._launching = None  # the Task launching chromium, shared by every request waiting for it
         self.contexts = {}  # slot -> {"context", "page", "used"}
-        self.thread = threading.Thread(target=self._run, name="playwright", daemon=True)
+        # slot -> asyncio.Lock, kept for every slot name seen (the host's cells, so few and small)
+        self._locks = {}
+        self._chores = set()  # background tasks (context closes), referenced until they finish
+        self._reaper = None
 
+    # ------------------------------------------------------------ other threads
     def start(self):
         self.thread.start()
 
-    def submit(self, fn, *args):
-        fut = Future()
-        self.jobs.put((fut, fn, args))
-        return fut.result(timeout=self.cfg["request_timeout"])
+    def submit(self, op, slot, *args):
+        """Run ``op(slot, *args)`` on the loop, in turn with ``slot``'s other requests; return its result.
+
+        Raises DeadlineExceeded when no answer came within request_timeout.
+        """
+        timeout = float(self.cfg["request_timeout"])
+        deadline = time.monotonic() + timeout
+        fut = asyncio.run_coroutine_threadsafe(self._request(op, slot, args, deadline), self.loop)
+        try:
+            return fut.result(timeout=timeout + LOOP_GRACE)
+        except concurrent.futures.CancelledError:
+            raise RuntimeError("chv-browser is shutting down") from None
+        except concurrent.futures.TimeoutError:
+            if fut.done():  # the operation's own exception, not our wait
+                raise
+            fut.cancel()
+            raise DeadlineExceeded(self._deadline_message("the browser engine did not answer")) from None
 
     def stop(self):
-        fut = Future()
-        self.jobs.put((fut, None, ()))
+        """Close every context, chromium and the driver, then end the loop thread (at most ~40 s)."""
+        if not self.thread.is_alive():
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
         try:
             fut.result(timeout=30)
         except Exception:  # shutting down anyway
             pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
 
-    # ------------------------------------------------------------ worker thread
-    def _run(self):
-        while True:
-            try:
-                fut, fn, args = self.jobs.get(timeout=min(10.0, max(0.5, self.cfg["idle_timeout"] / 4)))
-            except queue.Empty:
-                self._reap_idle()
-                continue
-            if fn is None:
-                self._shutdown()
-                fut.set_result(None)
-                return
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as exc:  # handed back to the connection thread
-                fut.set_exception(exc)
-            self._reap_idle()
+    # ------------------------------------------------------------ loop thread
+    def _run_loop(self):
+        asyncio.set_event_loop(self.loop)
+        self._reaper = self.loop.create_task(self._reap_idle_forever())
+        try:
+            self.loop.run_forever()
+        finally:
+            # requests still in flight at shutdown: cancel them so the loop closes cleanly
+            pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.wait(pending, timeout=5))
+            self.loop.close()
 
-    def _ensure_browser(self):
+    def _deadline_message(self, detail):
+        return "deadline passed: no answer within request_timeout (%gs); %s" % (
+            float(self.cfg["request_timeout"]), detail)
+
+    async def _request(self, op, slot, args, deadline):
+        lock = self._locks.setdefault(slot, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(self._deadline_message(
+                "this slot's previous request was still running")) from None
+        try:
+            # Playwright raises its own TimeoutError class (not the builtin one) and the
+            # operations do nothing else that could, so a TimeoutError here is the deadline.
+            return await asyncio.wait_for(op(slot, *args), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            if self._drop_slot(slot):
+                _log(slot=slot, action="close", verdict="deadline")
+            raise DeadlineExceeded(self._deadline_message(
+                "this slot's page was closed, open it again")) from None
+        finally:
+            entry = self.contexts.get(slot)
+            if entry is not None:
+                entry["used"] = time.monotonic()
+            lock.release()
+
+    def _background(self, coro):
+        task = self.loop.create_task(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    async def _ensure_browser(self):
         if self._browser is not None and self._browser.is_connected():
             return self._browser
-        from playwright.sync_api import sync_playwright
-        if self._pw is None:
-            self._pw = sync_playwright().start()
-        self.contexts.clear()
-        self._browser = self._pw.chromium.launch(
-            executable_path=self.cfg["executable_path"],
-            args=list(self.cfg["chromium_args"]),
-            chromium_sandbox=bool(self.cfg["chromium_sandbox"]),
-            headless=True,
-            downloads_path=None,
-        )
-        _log(verdict="chromium-started", version=self._browser.version)
-        return self._browser
+        if self._launching is None:
+            self._launching = self.loop.create_task(self._launch())
+        # shielded: a request that runs out of time stops waiting, the launch goes on for the next one
+        return await asyncio.shield(self._launching)
 
-    def _page(self, slot, create):
+    async def _launch(self):
+        try:
+            from playwright.async_api import async_playwright
+            if self._pw is None:
+                self._pw = await async_playwright().start()
+            self.contexts.clear()  # a chromium that went away took its contexts with it
+            browser = await self._pw.chromium.launch(
+                executable_path=self.cfg["executable_path"],
+                args=list(self.cfg["chromium_args"]),
+                chromium_sandbox=bool(self.cfg["chromium_sandbox"]),
+                headless=True,
+                downloads_path=None,
+            )
+            self._browser = browser
+            _log(verdict="chromium-started", version=browser.version)
+            return browser
+        finally:
+            self._launching = None
+
+    async def _create_context(self):
+        ctx = await (await self._ensure_browser()).new_context(
+            accept_downloads=False, service_workers="block", viewport=self.cfg["viewport"])
+        try:
+            ctx.set_default_navigation_timeout(self.cfg["navigation_timeout"] * 1000)
+            ctx.set_default_timeout(self.cfg["navigation_timeout"] * 1000)
+            page = await ctx.new_page()
+        except BaseException:
+            await self._close_context(ctx, None, "new_page failed")
+            raise
+        return {"context": ctx, "page": page, "used": time.monotonic()}
+
+    def _close_orphan(self, task):
+        if not task.cancelled() and task.exception() is None:
+            self._background(self._close_context(task.result()["context"], None, "request gone"))
+
+    async def _page(self, slot, create):
         entry = self.contexts.get(slot)
         if entry is None:
             if not create:
                 raise Refused("no page open for this slot; use open first")
-            ctx = self._ensure_browser().new_context(
-                accept_downloads=False, service_workers="block", viewport=self.cfg["viewport"])
-            ctx.set_default_navigation_timeout(self.cfg["navigation_timeout"] * 1000)
-            ctx.set_default_timeout(self.cfg["navigation_timeout"] * 1000)
-            entry = {"context": ctx, "page": ctx.new_page(), "used": time.monotonic()}
+            # shielded: a deadline mid-creation must not leave a context in chromium that nobody owns
+            task = self.loop.create_task(self._create_context())
+            try:
+                entry = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                task.add_done_callback(self._close_orphan)
+                raise
             self.contexts[slot] = entry
         entry["used"] = time.monotonic()
         return entry["page"]
 
-    def _close_slot(self, slot):
+    async def _close_context(self, ctx, slot, why):
+        try:
+            await asyncio.wait_for(ctx.close(), CLOSE_TIMEOUT)
+        except Exception as exc:  # the browser may already be gone
+            _log(slot=slot, action="close", verdict="error", reason="%s (%s: %s)" % (
+                why, type(exc).__name__, (str(exc).splitlines() or [""])[0][:200]))
+
+    async def _close_slot(self, slot):
         entry = self.contexts.pop(slot, None)
         if entry is not None:
-            try:
-                entry["context"].close()
-            except Exception:  # the browser may already be gone
-                pass
+            await self._close_context(entry["context"], slot, "close")
         return entry is not None
 
-    def _reap_idle(self):
-        now = time.monotonic()
-        for slot in [s for s, e in self.contexts.items() if now - e["used"] > self.cfg["idle_timeout"]]:
-            self._close_slot(slot)
-            _log(slot=slot, action="close", verdict="idle-timeout")
+    def _drop_slot(self, slot):
+        """Forget the slot's context now (its next request gets a new one) and close it in the background."""
+        entry = self.contexts.pop(slot, None)
+        if entry is not None:
+            self._background(self._close_context(entry["context"], slot, "deadline"))
+        return entry is not None
 
-    def _shutdown(self):
-        for slot in list(self.contexts):
-            self._close_slot(slot)
-        for obj in (self._browser, self._pw):
+    async def _reap_idle_forever(self):
+        every = min(10.0, max(0.5, self.cfg["idle_timeout"] / 4))
+        while True:
+            await asyncio.sleep(every)
             try:
-                if obj is self._pw and obj is not None:
-                    obj.stop()
-                elif obj is not None:
-                    obj.close()
+                await self._reap_idle()
+            except Exception as exc:  # keep reaping
+                _log(action="close", verdict="error", reason="idle reaper: %s: %s" % (type(exc).__name__, exc))
+
+    async def _reap_idle(self):
+        idle = self.cfg["idle_timeout"]
+        for slot in list(self.contexts):
+            entry, lock = self.contexts.get(slot), self._locks.get(slot)
+            if entry is None or time.monotonic() - entry["used"] <= idle or lock is None or lock.locked():
+                continue
+            async with lock:  # free a moment ago: taken at once, in turn with anything that just queued
+                entry = self.contexts.get(slot)
+                if entry is None or time.monotonic() - entry["used"] <= idle:
+                    continue
+                await self._close_slot(slot)
+                _log(slot=slot, action="close", verdict="idle-timeout")
+
+    async def _shutdown(self):
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for slot in list(self.contexts):
+            await self._close_slot(slot)
+        for name in ("_browser", "_pw"):
+            obj = getattr(self, name)
+            setattr(self, name, None)
+            try:
+                if obj is not None:
+                    await asyncio.wait_for(obj.stop() if name == "_pw" else obj.close(), CLOSE_TIMEOUT)
             except Exception:  # best effort at exit
                 pass
 
-    def _describe(self, page):
+    async def _describe(self, page):
         url = page.url
         if not url_allowed(url):
             # the page navigated itself somewhere we do not show (e.g. a data: URL)
-            page.goto("about:blank")
+            await page.goto("about:blank")
             raise Refused("the page left http/https; it was closed")
         try:
-            aria = page.locator("body").aria_snapshot()
+            aria = await page.locator("body").aria_snapshot()
         except AttributeError:  # very old Playwright: no aria_snapshot on locators
-            aria = page.aria_snapshot()
+            aria = await page.aria_snapshot()
         text, cut = truncate(aria or "", self.cfg["max_lines"], self.cfg["max_bytes"])
-        return {"title": page.title(), "url": url, "aria_snapshot": text, "truncated": cut}
+        return {"title": await page.title(), "url": url, "aria_snapshot": text, "truncated": cut}
 
-    # ------------------------------------------------------------ operations (worker thread)
-    def op_open(self, slot, url):
-        page = self._page(slot, create=True)
-        resp = page.goto(url, wait_until="load")
-        out = self._describe(page)
+    # ------------------------------------------------------------ operations (loop thread, slot lock held)
+    async def op_open(self, slot, url):
+        page = await self._page(slot, create=True)
+        resp = await page.goto(url, wait_until="load")
+        out = await self._describe(page)
         out["status"] = resp.status if resp is not None else None
         return out
 
-    def op_snapshot(self, slot):
-        return self._describe(self._page(slot, create=False))
+    async def op_snapshot(self, slot):
+        return await self._describe(await self._page(slot, create=False))
 
-    def op_screenshot(self, slot, name):
-        page = self._page(slot, create=False)
+    async def op_screenshot(self, slot, name):
+        page = await self._page(slot, create=False)
         if not url_allowed(page.url):
             raise Refused("nothing to capture: no http/https page is open")
-        png = page.screenshot(type="png", full_page=False)
+        png = await page.screenshot(type="png", full_page=False)
         d = os.path.join(self.cfg["shots_dir"], slot)
         os.makedirs(d, exist_ok=True)
         # the service's umask is 0077; screenshots (only) are for the cell's mapped uids to read
@@ -211,8 +373,8 @@ class Engine:
         # the cell sees only its own directory, bound read-only at shots_cell_dir
         return {"path": os.path.join(self.cfg["shots_cell_dir"], name + ".png"), "bytes": len(png)}
 
-    def op_close(self, slot):
-        return {"closed": self._close_slot(slot)}
+    async def op_close(self, slot):
+        return {"closed": await self._close_slot(slot)}
 
 
 class Server:
@@ -220,6 +382,8 @@ class Server:
         self.cfg = cfg
         self.engine = engine
         self._stop = threading.Event()
+        self._busy = threading.Condition()
+        self._inflight = 0  # connections being handled
 
     def dispatch(self, req):
         slot = check_slot(req.get("slot"))
@@ -235,6 +399,21 @@ class Server:
         return self.engine.submit(self.engine.op_close, slot)
 
     def handle(self, conn):
+        with self._busy:
+            self._inflight += 1
+        try:
+            self._handle(conn)
+        finally:
+            with self._busy:
+                self._inflight -= 1
+                self._busy.notify_all()
+
+    def drain(self, timeout):
+        """Wait up to ``timeout`` seconds for the connections being handled to get their replies."""
+        with self._busy:
+            return self._busy.wait_for(lambda: self._inflight == 0, timeout)
+
+    def _handle(self, conn):
         t0 = time.monotonic()
         fields = {"slot": None, "action": None, "verdict": "error"}
         with conn:
@@ -247,6 +426,9 @@ class Server:
             except (wire.WireError, Refused) as exc:
                 reply = wire.err(exc)
                 fields.update(verdict="refused", reason=str(exc)[:300])
+            except DeadlineExceeded as exc:
+                reply = wire.err(exc)
+                fields.update(verdict="error", reason=str(exc)[:300])
             except Exception as exc:  # Playwright errors (timeouts, DNS, ...) are answers, not crashes
                 msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
                 reply = wire.err("%s: %s" % (type(exc).__name__, msg))
@@ -310,5 +492,6 @@ def main(argv=None):
         server.serve(listener)
     finally:
         listener.close()
-        engine.stop()
+        engine.stop()  # requests still running end with an error ...
+        server.drain(10)  # ... which their clients get before the process exits
     return 0

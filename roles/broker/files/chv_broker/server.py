@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from . import wire
 from .peer import PeerChecker, PeerRejected
+from .syncrun import HOSTS_VAR, parse_host_entry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,6 +37,8 @@ DEFAULTS = {
         "shared_user": "",
         "credentials_file": "/etc/chv/broker/git-credentials",
         "protocols": ["https"],
+        # allow-list of git hosts (chv_broker_sync_hosts); empty: no host check in chv-broker
+        "hosts": [],
         "max_output_bytes": 65536,
         "python": "/usr/bin/python3",
         # "unit": each sync runs in a transient systemd service of its own
@@ -113,6 +116,14 @@ class Broker:
         if config["sync"]["isolation"] not in SYNC_ISOLATION:
             raise ValueError("sync.isolation must be one of %s, not %r"
                              % (", ".join(SYNC_ISOLATION), config["sync"]["isolation"]))
+        if not isinstance(config["sync"]["hosts"], list):
+            raise ValueError("sync.hosts (%s) must be a list" % HOSTS_VAR)
+        for entry in config["sync"]["hosts"]:
+            try:
+                parse_host_entry(entry)
+            except ValueError as exc:
+                raise ValueError("sync.hosts (%s): %r is not a host name, IP address or host:port: %s"
+                                 % (HOSTS_VAR, entry, exc)) from None
         self.cfg = config
         self.log = log
         self.peers = PeerChecker(config["cells_dir"])
@@ -172,7 +183,7 @@ class Broker:
         uid, gid = self._sync_identity(cell, workspace)
         credentials = self._credentials()
         spec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
-                "protocols": scfg["protocols"],
+                "protocols": scfg["protocols"], "hosts": scfg["hosts"],
                 "credential_helper": os.path.join(HERE, "credential.py") if credentials else ""}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         worker = [scfg["python"], "-I", os.path.join(HERE, "syncrun.py"), json.dumps(spec)]

@@ -5,9 +5,11 @@
 
 This file is standard-library Python with no Ansible imports on purpose:
 the ``chv.fleet.cell_identity`` module imports it through Ansible's
-module_utils mechanism, and the cell_runtime role copies this exact file to
-``/usr/lib/chv-fleet/`` so that the ``chv-cell`` launcher reads the same
-ledger through the same code (``load_ledger``).
+module_utils mechanism, and ``bench/bench_cell_identity.py`` and the unit
+tests import it standalone.  It is not installed on targets: the ``chv-cell``
+launcher never reads the ledger, it takes each slot's identity from the slot
+table of the cell policy, which the cell_runtime role renders from this
+module's result.
 
 Layout:
 
@@ -18,6 +20,10 @@ Layout:
 * ``parse_*`` / ``gather_host_facts()``: read host facts (interfaces,
   addresses, routes of all tables, passwd/group ids, subuid/subgid ranges,
   user namespaces in use).
+* ``changed_slots()``, ``find_running()``, ``CellProbe``: which slots a new
+  ledger releases or changes, and which of them have a running cell (the
+  launcher's slot lock is held, or the slot's veth exists).  The probe is a
+  parameter, so the logic is tested without root.
 * ``LedgerLock``, ``load_ledger()``, ``write_ledger_text()``,
   ``update_ledger()``: the locked, atomic read-modify-write of the ledger.
 """
@@ -31,6 +37,7 @@ import json
 import os
 import re
 import socket
+import stat
 import struct
 import tempfile
 import time
@@ -47,6 +54,10 @@ DEFAULT_CELL_IFNAME = 'eth0'
 DEFAULT_MACHINE_PREFIX = 'chv-'
 DEFAULT_SHARED_UID = 1000
 DEFAULT_LOCK_TIMEOUT = 60.0
+# Runtime state of the chv-cell launcher (its policy's state_dir).
+DEFAULT_STATE_DIR = '/run/chv-fleet'
+SYS_CLASS_NET = '/sys/class/net'
+FORCE_HINT = 'set force: true (role variable chv_cell_identity_force)'
 
 UID_MODES = ('per_slot', 'shared')
 UID_RANGE_SIZE = 0x10000
@@ -101,6 +112,17 @@ class AllocationError(CellIdentityError):
 
 class LockTimeout(CellIdentityError):
     """The ledger lock could not be taken in time."""
+
+
+class RunningCellError(CellIdentityError):
+    """The run would release or change slots whose cells are running.
+
+    ``cells`` is the list of ``RunningCell``; ``param`` is ``force``."""
+
+    def __init__(self, msg, cells):
+        super(RunningCellError, self).__init__(msg)
+        self.param = 'force'
+        self.cells = cells
 
 
 # ---------------------------------------------------------------------------
@@ -658,7 +680,7 @@ def read_ledger_bytes(path):
 
 
 def load_ledger(path=DEFAULT_LEDGER, missing_ok=False):
-    """Read-only access for the launcher: validated ledger dict.
+    """Read-only access (tests, tools): validated ledger dict.
 
     Raises LedgerError naming ``path`` when the file is missing (unless
     ``missing_ok``, then returns None), unreadable or corrupt."""
@@ -1072,6 +1094,180 @@ def recover_ledger(slots, settings, host):
 
 
 # ---------------------------------------------------------------------------
+# Running cells: a slot must not be released or changed under a live cell
+#
+# The chv-cell launcher holds flock(LOCK_EX) on <state_dir>/locks/<slot>.lock
+# for its whole run and writes <state_dir>/cells/<slot>.json with the cell's
+# leader pid; a cell with its own network has the slot's host-side veth.  A
+# cell whose slot is released or moved keeps running with the old identity,
+# outside the firewall's set of cell interfaces.
+
+class RunningCell:
+    """Evidence that a slot's cell is running.
+
+    slot:   slot name.
+    pid:    leader pid from the launcher's record, or None (unreadable).
+    lock:   path of the slot lock when another process holds it, else None.
+    ifname: the slot's host-side interface when it exists, else None.
+    error:  why the slot lock could not be checked, else None (the cell may
+            be running: treated as running).
+    action: 'release' or 'reassign', set by ``find_running``."""
+
+    def __init__(self, slot, pid=None, lock=None, ifname=None, error=None, action=None):
+        self.slot = slot
+        self.pid = pid
+        self.lock = lock
+        self.ifname = ifname
+        self.error = error
+        self.action = action
+
+    def evidence(self):
+        parts = ['pid %d' % self.pid if self.pid is not None else 'pid unknown']
+        if self.lock:
+            parts.append('lock %s' % self.lock)
+        elif self.ifname:
+            parts.append('interface %s' % self.ifname)
+        elif self.error:
+            parts.append(self.error)
+        verb = 'may have' if not (self.lock or self.ifname) else 'has'
+        return 'slot %s %s a running cell (%s)' % (self.slot, verb, ', '.join(parts))
+
+    def as_dict(self):
+        return {'slot': self.slot, 'action': self.action, 'pid': self.pid, 'lock': self.lock,
+                'ifname': self.ifname, 'error': self.error}
+
+    def __repr__(self):
+        return 'RunningCell(%r)' % (self.as_dict(),)
+
+
+def lock_is_held(path):
+    """Does another process hold flock on ``path``?
+
+    Opens the file read-only without following a symlink and never creates
+    or unlinks it; a missing file is not held.  When the lock is free it is
+    taken, released and closed at once.  OSError for anything else (a
+    symlink gives ELOOP)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return False
+        raise
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_cell_pid(path):
+    """The ``pid`` of a launcher record (a positive integer), or None when
+    the record is missing, not a regular file or not readable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, 65536)
+        pid = json.loads(data.decode('utf-8')).get('pid')
+    except (OSError, ValueError, AttributeError):
+        return None
+    finally:
+        os.close(fd)
+    return pid if _is_int(pid) and pid > 0 else None
+
+
+class CellProbe:
+    """Detects a slot's running cell from the launcher's runtime state.
+
+    ``probe(name, record)`` -> ``RunningCell`` or None.  ``record`` is the
+    slot's ledger record before the change (its ``host_ifname`` is the veth
+    a running cell has).  Tests point ``state_dir`` and ``sys_class_net``
+    at temporary directories."""
+
+    def __init__(self, state_dir=DEFAULT_STATE_DIR, sys_class_net=SYS_CLASS_NET):
+        self.state_dir = state_dir
+        self.sys_class_net = sys_class_net
+
+    def lock_path(self, name):
+        return os.path.join(self.state_dir, 'locks', name + '.lock')
+
+    def record_path(self, name):
+        return os.path.join(self.state_dir, 'cells', name + '.json')
+
+    def __call__(self, name, record):
+        lock_path = self.lock_path(name)
+        held, error = False, None
+        try:
+            held = lock_is_held(lock_path)
+        except OSError as exc:
+            reason = 'it is a symlink' if exc.errno == errno.ELOOP else exc.strerror
+            error = 'cannot check lock %s: %s' % (lock_path, reason)
+        ifname = (record or {}).get('host_ifname')
+        if not (ifname and valid_ifname(ifname)
+                and os.path.lexists(os.path.join(self.sys_class_net, ifname))):
+            ifname = None
+        if not (held or ifname or error):
+            return None
+        return RunningCell(name, pid=read_cell_pid(self.record_path(name)),
+                           lock=lock_path if held else None, ifname=ifname, error=error)
+
+
+def changed_slots(before, after):
+    """Slots of ledger ``before`` that ledger ``after`` releases or changes:
+    [(name, 'release' or 'reassign', old record)], ordered by old index."""
+    old, new = before['slots'], after['slots']
+    out = []
+    for name in sorted(old, key=lambda n: (old[n]['index'], n)):
+        if name not in new:
+            out.append((name, 'release', old[name]))
+        elif new[name] != old[name]:
+            out.append((name, 'reassign', old[name]))
+    return out
+
+
+def find_running(before, after, probe):
+    """``RunningCell`` for every slot that ``after`` releases or changes and
+    whose cell ``probe(name, old record)`` finds running.  ``before`` None
+    (no valid ledger yet) changes nothing."""
+    if before is None:
+        return []
+    found = []
+    for name, action, record in changed_slots(before, after):
+        cell = probe(name, record)
+        if cell is not None:
+            cell.action = action
+            found.append(cell)
+    return found
+
+
+def running_message(cells):
+    """The refusal: every slot with its evidence, then what to do."""
+    parts = ['%s: refusing to %s it' % (cell.evidence(), cell.action) for cell in cells]
+    return '%s; stop the cell%s or %s' % ('; '.join(parts), 's' if len(cells) > 1 else '',
+                                          FORCE_HINT)
+
+
+def running_warning(cell):
+    """The warning when ``force`` overrides the refusal for ``cell``."""
+    if cell.action == 'release':
+        done = 'released anyway (force: true); the cell keeps running outside the firewall\'s ' \
+               'set of cell interfaces: stop it'
+    else:
+        done = 'its identity changed anyway (force: true); the cell keeps running with the old ' \
+               'one, outside the firewall\'s set of cell interfaces: restart it'
+    return '%s: %s' % (cell.evidence(), done)
+
+
+# ---------------------------------------------------------------------------
 # Locked, atomic ledger I/O
 
 class LedgerLock:
@@ -1164,13 +1360,21 @@ def write_ledger_text(path, data, mode=0o600):
 
 
 def update_ledger(path, slots, settings, host, state='present', purge=True, reassign=False,
-                  recover=False, check_mode=False, lock_timeout=DEFAULT_LOCK_TIMEOUT):
+                  recover=False, check_mode=False, lock_timeout=DEFAULT_LOCK_TIMEOUT,
+                  force=False, probe=None):
     """Locked read-modify-write of the ledger at ``path``.
+
+    Before anything is written (and in check mode alike), every slot the new
+    ledger releases or changes is checked with ``probe(name, old record)``
+    (default ``CellProbe()``: the launcher's state in /run/chv-fleet and
+    /sys/class/net); slots with a running cell raise RunningCellError unless
+    ``force``, with ``force`` they are returned in ``running``.
 
     Returns a dict: changed, before, after (ledger texts for diff), ledger,
     identities, added, removed, reassigned, conflicts, recovered,
-    backup_file.  Raises LedgerError / AllocationError / LockTimeout before
-    writing anything."""
+    backup_file, running (list of RunningCell).  Raises LedgerError /
+    AllocationError / RunningCellError / LockTimeout before writing
+    anything."""
     names = normalize_slots(slots)
     if state not in ('present', 'absent'):
         raise AllocationError('state', 'state %r is not present or absent' % (state,))
@@ -1196,6 +1400,11 @@ def update_ledger(path, slots, settings, host, state='present', purge=True, reas
         changed = before != after
         if raw is None and state == 'absent':
             changed = False  # nothing to release, do not create a ledger
+        running = []
+        if changed:
+            running = find_running(ledger, result.ledger, probe or CellProbe())
+            if running and not force:
+                raise RunningCellError(running_message(running), running)
         backup = None
         if changed and not check_mode:
             if corrupt:
@@ -1214,4 +1423,5 @@ def update_ledger(path, slots, settings, host, state='present', purge=True, reas
         'conflicts': result.conflicts,
         'recovered': recovered,
         'backup_file': backup,
+        'running': running,
     }

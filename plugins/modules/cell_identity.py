@@ -30,13 +30,20 @@ description:
     reported in RV(conflicts) and as warnings, and are only moved with O(reassign=true).
   - A corrupt or truncated ledger makes the module fail with a message naming the file, and nothing
     is written. O(recover=true) rebuilds it from the live host instead.
+  - A run that would release a slot, or change the identity of one (O(reassign=true)), while a cell
+    of that slot is running fails, names the slot and the cell's pid, and writes nothing, unless
+    O(force=true). Such a cell would keep its old veth and subnet, outside the firewall's set of
+    cell interfaces. A cell is running when the C(chv-cell) launcher holds the slot's lock
+    C(<state_dir>/locks/<slot>.lock) or when the slot's host-side veth exists.
   - Runs with the Python standard library only (no netaddr on targets).
 author:
   - chv.fleet maintainers (@chv-fleet)
 attributes:
   check_mode:
     support: full
-    description: Computes the new ledger and reports it without writing anything, not even the lock file.
+    description:
+      - Computes the new ledger and reports it without writing anything, not even the lock file.
+      - Refuses to release or change slots with running cells exactly as a real run would.
   diff_mode:
     support: full
     description: Shows the ledger before and after, one line per slot.
@@ -128,13 +135,32 @@ options:
     description: Seconds to wait for the ledger lock before failing.
     type: float
     default: 60
+  force:
+    description:
+      - Release or change the identity of slots whose cells are running instead of failing.
+      - Each such slot is named in a warning and in RV(running). Its cell keeps running with the
+        old identity, outside the firewall's set of cell interfaces, until it is stopped.
+      - The role C(chv.fleet.cell_runtime) sets it from C(chv_cell_identity_force).
+    type: bool
+    default: false
+  state_dir:
+    description:
+      - Runtime state directory of the C(chv-cell) launcher (C(state_dir) of the cell policy).
+      - A slot's cell is running when another process holds C(flock) on
+        C(<state_dir>/locks/<slot>.lock) (the file is opened read-only and never created or
+        removed) or when the slot's host-side interface exists in C(/sys/class/net). The pid is
+        read from C(<state_dir>/cells/<slot>.json).
+    type: path
+    default: /run/chv-fleet
 seealso:
   - name: Slot identities
     description: Ledger format, locking, recovery and the choices that change identities.
     link: https://github.com/chv-fleet/chv.fleet/blob/main/docs/identities.md
 notes:
-  - The role C(chv.fleet.cell_runtime) installs the same allocation code as
-    C(/usr/lib/chv-fleet/) so the C(chv-cell) launcher reads this ledger through it.
+  - The C(chv-cell) launcher does not read the ledger. The role C(chv.fleet.cell_runtime) copies
+    RV(identities) into the slot table of the cell policy, which is what the launcher reads.
+  - The running-cell check happens once, under the ledger lock, before writing. A cell started
+    later from the previous cell policy is not seen; stop the cells, then converge.
 '''
 
 EXAMPLES = r'''
@@ -165,9 +191,20 @@ EXAMPLES = r'''
     slots: 4
     recover: true
 
-- name: Release every slot
+- name: Release every slot (fails while a cell of any slot is running)
   chv.fleet.cell_identity:
     state: absent
+
+- name: Go down to two slots even though cells of slot2 and slot3 may be running
+  chv.fleet.cell_identity:
+    slots: 2
+    force: true
+  register: cell_slots
+
+- name: Launcher state in a non-default place (state_dir of the cell policy)
+  chv.fleet.cell_identity:
+    slots: 4
+    state_dir: /run/chv-fleet-test
 '''
 
 RETURN = r'''
@@ -261,16 +298,48 @@ ledger:
   returned: always
   type: str
   sample: /var/lib/chv-fleet/identities.json
+running:
+  description:
+    - Slots released or changed although their cell was running (only with O(force=true); a run
+      without it fails instead). Also returned with the failure.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{slot: slot3, action: release, pid: 1234, lock: /run/chv-fleet/locks/slot3.lock,
+            ifname: null, error: null}]
+  contains:
+    slot:
+      description: Slot name.
+      type: str
+    action:
+      description: V(release) or V(reassign).
+      type: str
+    pid:
+      description: Leader pid of the cell from the launcher's record, null when it is unreadable.
+      type: int
+    lock:
+      description: The slot lock held by the launcher, null when it is not held.
+      type: str
+    ifname:
+      description: The slot's host-side interface when it exists, else null.
+      type: str
+    error:
+      description: Why the slot lock could not be checked (the cell is then assumed to run), else null.
+      type: str
 '''
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.chv.fleet.plugins.module_utils.cell_identity import (
     AllocationError,
     CellIdentityError,
+    CellProbe,
     DEFAULT_LEDGER,
+    DEFAULT_STATE_DIR,
     LedgerError,
+    RunningCellError,
     Settings,
     gather_host_facts,
+    running_warning,
     update_ledger,
 )
 
@@ -292,6 +361,8 @@ def main():
             reassign=dict(type='bool', default=False),
             recover=dict(type='bool', default=False),
             lock_timeout=dict(type='float', default=60.0),
+            force=dict(type='bool', default=False),
+            state_dir=dict(type='path', default=DEFAULT_STATE_DIR),
         ),
         required_if=[('state', 'present', ('slots',))],
         supports_check_mode=True,
@@ -316,7 +387,11 @@ def main():
     try:
         result = update_ledger(p['ledger'], p['slots'], settings, host, state=p['state'],
                                purge=p['purge'], reassign=p['reassign'], recover=p['recover'],
-                               check_mode=module.check_mode, lock_timeout=p['lock_timeout'])
+                               check_mode=module.check_mode, lock_timeout=p['lock_timeout'],
+                               force=p['force'], probe=CellProbe(p['state_dir']))
+    except RunningCellError as exc:
+        module.fail_json(msg='%s. Nothing was written.' % exc, param=exc.param, ledger=p['ledger'],
+                         running=[cell.as_dict() for cell in exc.cells])
     except LedgerError as exc:
         hint = '' if 'recover: true' in str(exc) else (
             '; restore the file or run again with recover: true to rebuild it from the live host')
@@ -326,6 +401,8 @@ def main():
     except (CellIdentityError, OSError) as exc:
         module.fail_json(msg='%s. Nothing was written.' % exc, ledger=p['ledger'])
 
+    for cell in result['running']:
+        module.warn(running_warning(cell))
     for conflict in result['conflicts']:
         module.warn('slot identity collides with the live host: %s (set reassign: true to move it)'
                     % conflict)
@@ -338,6 +415,7 @@ def main():
         reassigned=result['reassigned'],
         conflicts=result['conflicts'],
         recovered=result['recovered'],
+        running=[cell.as_dict() for cell in result['running']],
     )
     if result['backup_file']:
         out['backup_file'] = result['backup_file']

@@ -13,10 +13,27 @@ FACTS = ci.HostFacts(ifnames=['lo', 'eth0', 'chvh0'], networks=[('10.200.0.0/24'
                      ids=[0, 1000])
 
 
+PROBES = []
+
+
 @pytest.fixture(autouse=True)
-def fake_host(monkeypatch):
+def fake_host(monkeypatch, tmp_path):
     monkeypatch.setattr(module, 'gather_host_facts', lambda run: FACTS)
     monkeypatch.setattr(module.AnsibleModule, 'get_bin_path', lambda self, *a, **k: '/sbin/ip')
+    # The running-cell probe reads the state_dir given to the module, but
+    # interfaces from an empty fake /sys/class/net, and the default
+    # state_dir (/run/chv-fleet) is redirected into tmp_path.
+    net = tmp_path / 'sys-class-net'
+    net.mkdir()
+    del PROBES[:]
+
+    def probe(state_dir):
+        PROBES.append(state_dir)
+        if state_dir == '/run/chv-fleet':
+            state_dir = str(tmp_path / 'default-state')
+        return ci.CellProbe(state_dir, sys_class_net=str(net))
+
+    monkeypatch.setattr(module, 'CellProbe', probe)
 
 
 def run(capsys, check=False, diff=False, **args):
@@ -107,3 +124,58 @@ def test_conflicts_become_warnings(tmp_path, capsys, monkeypatch):
     assert not result['changed'] and result['conflicts']
     assert warned == ['slot identity collides with the live host: slot0: subnet 10.200.1.0/24 '
                       'overlaps 10.200.1.0/24 on wg0 (set reassign: true to move it)']
+
+
+def test_running_cell_is_not_released_without_force(tmp_path, capsys, monkeypatch, hold_lock):
+    ledger = tmp_path / 'identities.json'
+    state = tmp_path / 'state'
+    run(capsys, slots=3, ledger=str(ledger), state_dir=str(state))
+    before = ledger.read_bytes()
+    lock = state / 'locks' / 'slot2.lock'
+    holder = hold_lock(lock, how='launcher')
+    (state / 'cells').mkdir()
+    (state / 'cells' / 'slot2.json').write_text(json.dumps({'pid': 4242, 'slot': 'slot2'}))
+    refusal = ('slot slot2 has a running cell (pid 4242, lock %s): refusing to release it; stop '
+               'the cell or set force: true (role variable chv_cell_identity_force). Nothing was '
+               'written.' % lock)
+    for check in (True, False):
+        result = run(capsys, check=check, slots=2, ledger=str(ledger), state_dir=str(state))
+        assert result['failed'] and result['msg'] == refusal and result['param'] == 'force'
+        assert result['running'] == [{'slot': 'slot2', 'action': 'release', 'pid': 4242,
+                                      'lock': str(lock), 'ifname': None, 'error': None}]
+        assert ledger.read_bytes() == before
+    # Other slots are still free to go; the running one stays.
+    result = run(capsys, slots=['slot0', 'slot2'], ledger=str(ledger), state_dir=str(state))
+    assert result['changed'] and result['removed'] == ['slot1'] and result['running'] == []
+
+    warned = []
+    monkeypatch.setattr(module.AnsibleModule, 'warn', lambda self, msg: warned.append(msg))
+    result = run(capsys, slots=['slot0'], ledger=str(ledger), state_dir=str(state), force=True)
+    assert result['changed'] and result['removed'] == ['slot2']
+    assert [c['slot'] for c in result['running']] == ['slot2']
+    assert len(warned) == 1 and warned[0].startswith(
+        'slot slot2 has a running cell (pid 4242, lock %s): released anyway (force: true)' % lock)
+    assert [r['name'] for r in ci.load_ledger(str(ledger))['slots'].values()] == ['slot0']
+    holder.stop()
+
+
+def test_running_cell_is_not_reassigned_without_force(tmp_path, capsys, hold_lock):
+    ledger = str(tmp_path / 'identities.json')
+    state = tmp_path / 'state'
+    run(capsys, slots=2, ledger=ledger, state_dir=str(state))
+    hold_lock(state / 'locks' / 'slot0.lock')
+    result = run(capsys, slots=2, ledger=ledger, state_dir=str(state), pool='10.210.0.0/16',
+                 reassign=True)
+    assert result['failed'] and result['msg'].startswith(
+        'slot slot0 has a running cell (pid unknown, lock %s): refusing to reassign it;'
+        % (state / 'locks' / 'slot0.lock'))
+    result = run(capsys, slots=2, ledger=ledger, state_dir=str(state), pool='10.210.0.0/16',
+                 reassign=True, force=True)
+    assert result['changed'] and result['reassigned'] == ['slot0', 'slot1']
+    assert [c['action'] for c in result['running']] == ['reassign']
+
+
+def test_state_dir_defaults_to_the_launchers(tmp_path, capsys):
+    ledger = str(tmp_path / 'identities.json')
+    result = run(capsys, slots=1, ledger=ledger)
+    assert result['running'] == [] and PROBES == ['/run/chv-fleet']

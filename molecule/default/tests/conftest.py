@@ -2,11 +2,15 @@
 from inside a real cell (chv-cell run) and from guest processes outside any cell."""
 
 import json
+import os
 import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 
 CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
+LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
 
 
 class Reply(object):
@@ -91,3 +95,66 @@ def kill_mid_request(host, unit, slot, argv, ready):
               % (slot, " ".join(shlex.quote(a) for a in argv), ready, unit, unit))
     out = host.check_output(script)
     return int(out.split("killed=")[1].split()[0]), before, out
+
+
+def run_roles(roles, extra_vars, expect_ok=True):
+    """Re-run roles of the collection on the scenario's inventory with extra variables."""
+    play = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / ("variant-%s.yml" % "-".join(r.split(".")[-1] for r in roles))
+    play.write_text(
+        "- hosts: all\n  become: true\n  gather_facts: false\n  tasks:\n"
+        + "".join("    - ansible.builtin.include_role:\n        name: %s\n" % r for r in roles))
+    proc = subprocess.run(
+        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(play), "-e", json.dumps(extra_vars)],
+        capture_output=True, text=True, check=False, timeout=600)
+    if expect_ok:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc
+
+
+def lab_guest(host):
+    """This guest's record in the lab (address, host_address = its gateway on the lab host)."""
+    name = os.environ["MOLECULE_SCENARIO_NAME"]
+    record = json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
+    hostname = host.backend.get_hostname()
+    return next(g for g in record["guests"] if g["name"] == hostname)
+
+
+class OutsideHTTP(object):
+    """An HTTP server on the lab host, bound to the guest's gateway there:
+    outside the guest, reached from it through its uplink only. `routes` maps
+    a path to (status, headers, body, delay seconds); every request is logged."""
+
+    def __init__(self, address, port, routes):
+        import http.server
+        import threading
+        import time
+
+        self.requests = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.requests.append(self.path)
+                status, headers, body, delay = routes.get(self.path.split("?")[0], (404, {}, b"", 0))
+                time.sleep(delay)
+                self.send_response(status)
+                for key, value in dict({"Content-Type": "text/html"}, **headers).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((address, port), Handler)
+        self.server.daemon_threads = True
+        self.url = "http://%s:%d" % (address, port)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def html(title, body):
+    return ("<!doctype html><html><head><title>%s</title></head><body>%s</body></html>" % (title, body)).encode()

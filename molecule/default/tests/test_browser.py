@@ -1,42 +1,35 @@
 """chv.fleet.browser on a converged guest, used from real cells through chv-broker.
 
-The pages are served on the guest's loopback by a transient unit this module
-starts (`/` a page with a known heading, `/slow` answers after 20 s). Every
-refusal sits beside a request that succeeds.
+The pages are served by this module on the lab host, bound to the guest's
+gateway there (`/` a page with a known heading, `/slow` answers after 20 s):
+outside the guest, as the cells' egress policy allows (the guest's own
+services are refused to the browser: test_doors.py). Every refusal sits
+beside a request that succeeds.
 """
+
+import shlex
 
 import pytest
 
-from conftest import CLIENT, in_cell, kill_mid_request, unit_value
+from conftest import CLIENT, OutsideHTTP, html, in_cell, kill_mid_request, lab_guest, unit_value
 
 PORT = 18700
-PAGE = "http://127.0.0.1:%d/" % PORT
-SLOW = "http://127.0.0.1:%d/slow" % PORT
-HEADING = "Hello from the guest loopback"
-SERVER = r"""
-import http.server, time
-PAGE = b'<!doctype html><html><head><title>Molecule page</title></head><body><h1>%s</h1><p>chv.fleet</p></body></html>'
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/slow":
-            time.sleep(20)
-        self.send_response(200); self.send_header("Content-Type", "text/html"); self.end_headers()
-        self.wfile.write(PAGE)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", %d), H).serve_forever()
-""" % (HEADING, PORT)
+HEADING = "Hello from outside the guest"
 PNG_MAGIC = "89504e470d0a1a0a"
+PAGE_BODY = html("Molecule page", "<h1>%s</h1><p>chv.fleet</p>" % HEADING)
 
 
 @pytest.fixture(scope="module")
-def pages(host):
-    host.run("systemctl stop chv-molecule-pages.service 2>/dev/null; systemctl reset-failed chv-molecule-pages.service 2>/dev/null")
-    host.run_test("systemd-run --unit=chv-molecule-pages --property=DynamicUser=yes python3 -c %s", SERVER)
-    host.run_test("for i in $(seq 50); do python3 -c %s && exit 0; sleep 0.1; done; exit 1",
-                  "import urllib.request; urllib.request.urlopen('%s', timeout=2)" % PAGE)
-    yield
-    host.run("systemctl stop chv-molecule-pages.service")
+def outside(host):
+    server = OutsideHTTP(lab_guest(host)["host_address"], PORT,
+                         {"/": (200, {}, PAGE_BODY, 0), "/slow": (200, {}, PAGE_BODY, 20)})
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def pages(outside):
+    return outside.url + "/"
 
 
 def test_service_runs_as_its_own_user_with_the_socket_for_the_broker_only(host):
@@ -58,7 +51,7 @@ def test_service_runs_as_its_own_user_with_the_socket_for_the_broker_only(host):
 
 
 def test_open_returns_the_heading_in_the_aria_snapshot(host, pages, slots, from_cell):
-    opened = from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE})
+    opened = from_cell(slots[0], {"op": "browser", "action": "open", "url": pages})
     assert opened.ok, opened
     assert opened.result["title"] == "Molecule page" and opened.result["status"] == 200
     assert 'heading "%s"' % HEADING in opened.result["aria_snapshot"], opened.result
@@ -69,17 +62,17 @@ def test_open_returns_the_heading_in_the_aria_snapshot(host, pages, slots, from_
 
 def test_contexts_are_per_slot(host, pages, slots, from_cell):
     # slot0 has a page open (previous test, reopened here); slot1 sees none
-    assert from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE}).ok
+    assert from_cell(slots[0], {"op": "browser", "action": "open", "url": pages}).ok
     theirs = from_cell(slots[1], {"op": "browser", "action": "snapshot"})
     assert theirs.rc == 1 and "no page open" in theirs.error, theirs
 
 
 def test_screenshot_is_a_png_the_cell_reads_and_only_its_own(host, pages, slots, from_cell):
     mine, theirs = slots[0], slots[1]
-    assert from_cell(theirs, {"op": "browser", "action": "open", "url": PAGE}).ok
+    assert from_cell(theirs, {"op": "browser", "action": "open", "url": pages}).ok
     other = from_cell(theirs, {"op": "browser", "action": "screenshot", "name": "theirs"})
     assert other.ok and other.result["path"] == "/run/chv/shots/theirs.png", other
-    assert from_cell(mine, {"op": "browser", "action": "open", "url": PAGE}).ok
+    assert from_cell(mine, {"op": "browser", "action": "open", "url": pages}).ok
     shot = from_cell(mine, {"op": "browser", "action": "screenshot", "name": "front"})
     assert shot.ok and shot.result["path"] == "/run/chv/shots/front.png" and shot.result["bytes"] > 1000, shot
     probe = ("import os\n"
@@ -95,7 +88,7 @@ def test_screenshot_is_a_png_the_cell_reads_and_only_its_own(host, pages, slots,
 
 
 def test_evaluate_and_file_urls_are_refused(host, pages, slots, from_cell):
-    control = from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE})
+    control = from_cell(slots[0], {"op": "browser", "action": "open", "url": pages})
     assert control.ok, control
     evaluate = from_cell(slots[0], {"op": "browser", "action": "evaluate", "expression": "document.cookie"})
     assert evaluate.rc == 1 and "browser action must be one of" in evaluate.error, evaluate
@@ -129,10 +122,26 @@ def test_killed_browser_fails_the_request_then_recovers(host, pages, slots, from
     # chv-browser is SIGKILLed while it waits for a page that answers after 20 s
     killed, before, out = kill_mid_request(
         host, "chv-browser.service", slots[0],
-        ["python3", CLIENT, '{"op": "browser", "action": "open", "url": "%s"}' % SLOW],
-        "ss -tnH state established dst 127.0.0.1:%d | grep -q ." % PORT)
+        ["python3", CLIENT, '{"op": "browser", "action": "open", "url": "%sslow"}' % pages],
+        "ss -tnH state established dst %s | grep -q ." % pages.split("/")[2])
     assert killed > 0 and "rc=1" in out and "browser unavailable" in out, out
     host.run_test("for i in $(seq 100); do systemctl is-active -q chv-browser.service && exit 0; sleep 0.1; done; exit 1")
-    after = from_cell(slots[0], {"op": "browser", "action": "open", "url": PAGE})
+    after = from_cell(slots[0], {"op": "browser", "action": "open", "url": pages})
     assert after.ok and 'heading "%s"' % HEADING in after.result["aria_snapshot"], after
     assert int(unit_value(host, "chv-browser.service", "NRestarts")) == before + 1
+
+
+def test_a_stalled_page_in_one_slot_does_not_stall_another(host, pages, slots, from_cell):
+    # slot0 waits for a page that answers after 20 s; meanwhile slot1 opens a page and gets it
+    req = '{"op": "browser", "action": "open", "url": "%sslow"}' % pages
+    host.run_test("systemd-run --unit=chv-molecule-stall --collect chv-cell run --slot %s -- python3 %s %s",
+                  slots[0], CLIENT, shlex.quote(req))
+    try:
+        host.run_test("for i in $(seq 100); do ss -tnH state established dst %s | grep -q . && exit 0; "
+                      "sleep 0.1; done; exit 1", pages.split("/")[2])
+        other = from_cell(slots[1], {"op": "browser", "action": "open", "url": pages})
+        assert other.ok and 'heading "%s"' % HEADING in other.result["aria_snapshot"], other
+        # slot0's request was still waiting for its page when slot1's answer came
+        assert host.run("systemctl is-active -q chv-molecule-stall.service").rc == 0
+    finally:
+        host.run("systemctl stop chv-molecule-stall.service")

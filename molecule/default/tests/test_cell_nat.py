@@ -15,17 +15,15 @@ with at least two slots (the default chv_cell_slots: 2).
 """
 
 import json
-import os
 import shlex
 import socket
-import subprocess
 import threading
-from pathlib import Path
 
 import pytest
 
+from conftest import lab_guest, run_roles
+
 OUT_PORT, DENIED_PORT, UNLISTED_PORT, GUEST_PORT, CELL_PORT = 18080, 18081, 18082, 18090, 17000
-LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
 
 PROBE = r"""
 import socket, sys
@@ -48,13 +46,6 @@ except socket.timeout:
 
 
 # ------------------------------------------------------------------ helpers
-
-def _lab_guest(host):
-    name = os.environ["MOLECULE_SCENARIO_NAME"]
-    record = json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
-    hostname = host.backend.get_hostname()
-    return next(g for g in record["guests"] if g["name"] == hostname)
-
 
 class _Outside(object):
     """TCP listeners on the lab host that answer with the peer address."""
@@ -86,7 +77,7 @@ class _Outside(object):
 
 @pytest.fixture(scope="module")
 def lab(host):
-    guest = _lab_guest(host)
+    guest = lab_guest(host)
     outside = _Outside(guest["host_address"], [OUT_PORT, DENIED_PORT, UNLISTED_PORT])
     slots = json.loads(host.file("/var/lib/chv-fleet/identities.json").content_string)["slots"]
     slots = sorted(slots.values(), key=lambda s: s["index"])
@@ -120,18 +111,8 @@ def counters(host):
 
 
 def converge(extra_vars, expect_ok=True):
-    """Re-run cell_nat alone (slots from the ledger) on the scenario's inventory with extra variables."""
-    play = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "cell_nat_variant.yml"
-    play.write_text(
-        "- hosts: all\n  become: true\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role:\n        name: chv.fleet.cell_nat\n")
-    proc = subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(play),
-         "-e", json.dumps(extra_vars)],
-        capture_output=True, text=True, check=False, timeout=600)
-    if expect_ok:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    return proc
+    """Re-run cell_nat alone (slots from the ledger) with extra variables."""
+    return run_roles(["chv.fleet.cell_nat"], extra_vars, expect_ok)
 
 
 # -------------------------------------------------------------------- tests

@@ -97,8 +97,15 @@ def kill_mid_request(host, unit, slot, argv, ready):
     return int(out.split("killed=")[1].split()[0]), before, out
 
 
+def lab_record():
+    name = os.environ["MOLECULE_SCENARIO_NAME"]
+    return json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
+
+
 def run_roles(roles, extra_vars, expect_ok=True):
-    """Re-run roles of the collection on the scenario's inventory with extra variables."""
+    """Re-run roles of the collection on the scenario's inventory with the
+    lab's guest settings (as the converge applies them) and extra variables."""
+    extra_vars = dict(lab_record().get("guest_vars", {}), **extra_vars)
     play = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / ("variant-%s.yml" % "-".join(r.split(".")[-1] for r in roles))
     play.write_text(
         "- hosts: all\n  become: true\n  gather_facts: false\n  tasks:\n"
@@ -113,10 +120,8 @@ def run_roles(roles, extra_vars, expect_ok=True):
 
 def lab_guest(host):
     """This guest's record in the lab (address, host_address = its gateway on the lab host)."""
-    name = os.environ["MOLECULE_SCENARIO_NAME"]
-    record = json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
     hostname = host.backend.get_hostname()
-    return next(g for g in record["guests"] if g["name"] == hostname)
+    return next(g for g in lab_record()["guests"] if g["name"] == hostname)
 
 
 class OutsideHTTP(object):

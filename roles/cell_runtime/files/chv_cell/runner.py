@@ -32,6 +32,8 @@ SHARED_NETWORK_REFUSAL = (
 )
 USERNS_SYSCTL = "/proc/sys/user/max_user_namespaces"
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 TOOL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "LC_ALL": "C"}
 
 PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
@@ -316,6 +318,26 @@ def _ensure_dir(path, mode, uid=None):
         raise SetupError("%s exists and is not a directory" % path)
 
 
+def _writable_proc_sys(libc, path="/proc/sys"):
+    """In a forked child only: when ``path`` is a read-only mount, move to a
+    private mount namespace and remount it read-write there (the flags
+    nosuid/nodev/noexec are kept).  Nothing changes for other processes."""
+    st = os.statvfs(path)
+    if not st.f_flag & os.ST_RDONLY:
+        return
+    keep = st.f_flag & (os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC)  # same bits as MS_NOSUID|MS_NODEV|MS_NOEXEC
+    if libc.unshare(CLONE_NEWNS) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "unshare(CLONE_NEWNS): " + os.strerror(e))
+    for target, flags, what in (
+        (b"/", _MS_REC | _MS_PRIVATE, "make / private"),
+        (path.encode(), _MS_REMOUNT | _MS_BIND | keep, "remount %s read-write" % path),
+    ):
+        if libc.mount(None, target, None, flags, None) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+
 # ---------------------------------------------------------------- launcher
 class Launcher:
     def __init__(self, policy, verbose=False):
@@ -583,7 +605,10 @@ class Launcher:
     def restrict_user_namespaces(self, leader):
         """Write 0 to user.max_user_namespaces of the cell's own user
         namespace.  The user.* sysctls resolve against the writer's user
-        namespace, so a forked child joins the cell's (setns) and writes."""
+        namespace, so a forked child joins the cell's (setns) and writes.
+        Where /proc/sys is mounted read-only (a guest that is itself a
+        container, such as the lab's nspawn guests), the child first makes it
+        writable in a private mount namespace of its own."""
         own, cell = (os.stat("/proc/%s/ns/user" % x).st_ino for x in ("self", leader))
         if own == cell:
             raise SetupError("the cell has no user namespace of its own")
@@ -594,6 +619,7 @@ class Launcher:
             code, msg = 1, "no answer"
             try:
                 os.close(r)
+                _writable_proc_sys(self._libc)
                 if self._libc.setns(fd, CLONE_NEWUSER) != 0:
                     e = ctypes.get_errno()
                     raise OSError(e, "setns(CLONE_NEWUSER): " + os.strerror(e))

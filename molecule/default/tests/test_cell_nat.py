@@ -198,12 +198,12 @@ def test_uplink_override_replaces_every_reference(host, lab):
     s0, uplink = lab["slots"][0]["name"], lab["uplink"]
     try:
         converge({"cell_nat_uplink": "lo"})
-        table = host.check_output("nft -j list table inet chv_cell")
+        table = host.check_output("nft -j list set inet chv_cell uplink_ifs")
         assert '"%s"' % uplink not in table and '"lo"' in table
         assert in_cell(host, s0, lab["out"], OUT_PORT) is None       # fails closed
     finally:
         converge({})
-    table = host.check_output("nft -j list table inet chv_cell")
+    table = host.check_output("nft -j list set inet chv_cell uplink_ifs")
     assert '"lo"' not in table and '"%s"' % uplink in table
     assert in_cell(host, s0, lab["out"], OUT_PORT) == lab["uplink_addr"]
 

@@ -6,6 +6,8 @@ chv_cell table) is loaded: the boundaries are what closes them.
 """
 
 import json
+import os
+import shutil
 
 import pytest
 
@@ -234,3 +236,59 @@ def test_uplink_rename_leaves_no_stale_rule(lab):
     assert lab.probe(lab.cell_a, OUT, 8080) == GUEST_UPLINK
     with pytest.raises(cell_nat.CellNatError, match="cell_nat_uplink: 'upA' is not an interface"):
         lab.plan(uplink="upA")
+
+
+def door_probe(lab, uid, host, port, proto="tcp"):
+    """Probe from the guest itself as socket owner ``uid`` (a door acts from the guest, not from a cell)."""
+    argv = ["setpriv", "--reuid=%d" % uid, "--regid=%d" % uid, "--clear-groups", "/usr/bin/python3",
+            cellnat_lab.PROBE, "probe", proto, host, port, cellnat_lab.TIMEOUT]
+    proc = run(*argv, ns=lab.guest, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def test_doors_get_the_cells_egress_policy(lab):
+    """A socket owned by a slot's UID range on the guest (sync's git, or chv-browser through its drop-in)
+    reaches what a cell may and nothing of the guest or the cells; the same probes as root are the control."""
+    lab.apply(egress_deny=[{"cidr": "198.18.2.1/32"}])
+    door, other = make_slots(2)[1]["uid_base"] + 17, 65534   # inside slot1's range; nobody is no door
+    refused = [("127.0.0.1", 2222), (GUEST_UPLINK, 2222), ("10.200.0.1", 2222), ("10.200.1.2", 7000),
+               ("169.254.169.254", 8080), ("198.18.2.1", 8080)]
+    before = lab.counters()
+    assert door_probe(lab, door, OUT, 8080) == GUEST_UPLINK                       # control: allowed egress
+    for host, port in refused:
+        assert door_probe(lab, door, host, port) is None, (host, port)
+        assert door_probe(lab, 0, host, port) is not None, (host, port)          # root is no door
+        assert door_probe(lab, other, host, port) is not None, (host, port)      # nor is nobody
+    got = delta(before, lab.counters(), "accept_door", "drop_door_to_guest", "drop_door_to_cell",
+                "drop_link_local", "drop_denied")
+    assert got["accept_door"] > 0 and got["drop_door_to_guest"] >= 3 and got["drop_door_to_cell"] >= 1
+    assert got["drop_link_local"] >= 1 and got["drop_denied"] >= 1
+    # the drop-in directory adds a UID: nobody becomes a door too
+    dropin = lab.plan()
+    dropin["door_dir"] = "/tmp/cnt-%d-door.d" % os.getpid()
+    os.makedirs(dropin["door_dir"], exist_ok=True)
+    try:
+        with open(dropin["door_dir"] + "/x.nft", "w") as fh:
+            fh.write("add element inet chv_cell door_uids { %d }\n" % other)
+        lab.load_text(cellnat_lab.render(dropin))
+        assert door_probe(lab, other, "127.0.0.1", 2222) is None
+        assert door_probe(lab, other, OUT, 8080) == GUEST_UPLINK
+    finally:
+        shutil.rmtree(dropin["door_dir"])
+        lab.apply()
+
+
+def test_a_released_slot_interface_is_cut_off(lab):
+    """A cell whose slot is no longer in the ruleset (released while it ran) reaches nothing."""
+    lab.apply()
+    b = lab.cell_b
+    assert lab.probe(b, OUT, 8080) == GUEST_UPLINK                                # control: slot1 is current
+    lab.apply(slots=lab.slots[:1])
+    try:
+        before = lab.counters()
+        assert lab.probe(b, OUT, 8080) is None
+        assert lab.probe(b, GUEST_UPLINK, 2222) is None
+        assert lab.probe(lab.cell_a, OUT, 8080) == GUEST_UPLINK                   # slot0 is unaffected
+        assert delta(before, lab.counters(), "drop_stale_cell")["drop_stale_cell"] > 0
+    finally:
+        lab.apply()

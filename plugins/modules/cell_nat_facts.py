@@ -41,7 +41,7 @@ options:
     description:
       - Slot identity records (see docs/architecture.md); only C(name), C(host_ifname), C(subnet),
         C(gateway), C(uid_base) and C(uid_size) are used.
-      - The slots' UID ranges form the set C(door_uids) (sync workers run as their slot's range): traffic
+      - The slots' UID ranges form the set C(door_uids) (sync workers run as their slot's range); traffic
         of those socket owners from the guest itself gets the cells' egress policy.
       - When empty, the slots are read from O(ledger_path).
     type: list

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import CLIENT, OutsideHTTP, html, in_cell, lab_guest, run_roles
+from conftest import OutsideHTTP, html, in_cell, lab_guest, run_roles
 
 HTTP_PORT, TLS_PORT, CELL_PORT = 18800, 18443, 18802
 OUT_HTTP, OUT_TLS, OUT_TLS_UNLISTED = 18801, 18444, 18445

@@ -207,8 +207,8 @@ _VALUE_OPTS = frozenset((
 
 def config_key(name):
     """git's canonical key: section and variable lower-case, subsection as written."""
-    section, _, rest = name.partition(".")
-    sub, _, var = rest.rpartition(".")
+    section, rest = name.partition(".")[::2]
+    sub, var = rest.rpartition(".")[::2]
     return "%s.%s%s" % (section.lower(), sub + "." if sub else "", var.lower())
 
 
@@ -235,7 +235,7 @@ def sync_remotes(argv, config, branch):
         if a in _GIT_REPO_OPTS or any(a.startswith(o + "=") for o in _GIT_REPO_OPTS[1:]):
             raise Rejected("git %s in the sync command: its remote cannot be checked against %s" % (a, HOSTS_VAR))
         if a == "-c" and i + 1 < len(args):
-            key, _, value = args[i + 1].partition("=")
+            key, value = args[i + 1].partition("=")[::2]
             config.append((config_key(key), value))
         if a in _GIT_GLOBAL_VALUE_OPTS:
             i += 2

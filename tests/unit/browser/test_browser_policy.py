@@ -46,12 +46,3 @@ def test_truncate_bounds(text, max_lines, max_bytes):
     assert text.startswith(out)
     assert cut == (out != text)
 
-
-def test_wire_module_is_the_brokers():
-    """Both services ship the same framing code from one source: the browser's
-    wire.py is a link to the broker's, which the role's copy follows."""
-    import os
-    from browser_helpers import FILES, ROOT
-    browser_wire = os.path.join(FILES, "chv_browser", "wire.py")
-    assert os.path.islink(browser_wire)
-    assert os.path.realpath(browser_wire) == os.path.join(ROOT, "roles", "broker", "files", "chv_broker", "wire.py")

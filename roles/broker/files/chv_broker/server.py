@@ -11,10 +11,11 @@ import sys
 import threading
 import time
 import uuid
-from urllib.parse import urlsplit
 
 from . import wire
 from .peer import PeerChecker, PeerRejected
+from .protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
+                       url_scheme_allowed)
 from .syncrun import HOSTS_VAR, parse_host_entry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,8 +59,6 @@ DEFAULTS = {
         "reap_interval": 15.0,
     },
 }
-BROWSER_ACTIONS = {"open": ("url",), "snapshot": (), "screenshot": ("name",), "close": ()}
-SYNC_ACTIONS = ("status", "pull", "push")
 SYNC_ISOLATION = ("unit", "child")
 
 
@@ -102,13 +101,7 @@ class OpError(Exception):
     """A request the broker refuses; the message goes back to the client."""
 
 
-def _audit(stream, **fields):
-    fields = {"event": "chv-broker.audit", **fields}
-    try:
-        stream.write(json.dumps(fields, sort_keys=True) + "\n")
-        stream.flush()
-    except (OSError, ValueError):
-        pass
+AUDIT_EVENT = "chv-broker.audit"
 
 
 class Broker:
@@ -130,17 +123,21 @@ class Broker:
         self.slots_seen = set()  # slots that used the browser, for the reaper
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.ops = handlers(self, OPS)
 
     # -------------------------------------------------------------- operations
+    def enabled(self, op):
+        switch = OPS[op]["switch"]
+        return switch is None or bool(self.cfg[switch]["enabled"])
+
     def dispatch(self, cell, req):
         op = req.get("op")
-        if op == "ping":
-            return {"pong": True, "slot": cell["slot"]}
-        if op == "sync" and self.cfg["sync"]["enabled"]:
-            return self.op_sync(cell, req)
-        if op == "browser" and self.cfg["browser"]["enabled"]:
-            return self.op_browser(cell, req)
-        raise OpError("unknown or disabled op: %r" % (op,) if isinstance(op, str) else "missing op")
+        if not known(OPS, op) or not self.enabled(op):
+            raise OpError("unknown or disabled op: %r" % (op,) if isinstance(op, str) else "missing op")
+        return self.ops[op](cell, req)
+
+    def op_ping(self, cell, req):  # pylint: disable=unused-argument
+        return {"pong": True, "slot": cell["slot"]}
 
     def _sync_identity(self, cell, workspace):
         scfg = self.cfg["sync"]
@@ -174,7 +171,7 @@ class Broker:
     def op_sync(self, cell, req):
         scfg = self.cfg["sync"]
         action = req.get("action")
-        if action not in SYNC_ACTIONS or action not in scfg["commands"]:
+        if not known(SYNC_ACTIONS, action) or action not in scfg["commands"]:
             raise OpError("sync action must be one of %s" % ", ".join(a for a in SYNC_ACTIONS if a in scfg["commands"]))
         repo = req.get("repo", ".")
         if not isinstance(repo, str):
@@ -215,15 +212,15 @@ class Broker:
 
     def op_browser(self, cell, req):
         action = req.get("action")
-        if action not in BROWSER_ACTIONS:
+        if not known(BROWSER_ACTIONS, action):
             raise OpError("browser action must be one of " + ", ".join(sorted(BROWSER_ACTIONS)))
         fwd = {"slot": cell["slot"], "action": action}
         for key in BROWSER_ACTIONS[action]:
             if not isinstance(req.get(key), str):
                 raise OpError("browser %s needs a string %r" % (action, key))
             fwd[key] = req[key]
-        if action == "open" and urlsplit(fwd["url"]).scheme.lower() not in ("http", "https"):
-            raise OpError("only http and https URLs may be opened")
+        if "url" in fwd and not url_scheme_allowed(fwd["url"]):
+            raise OpError("only %s URLs may be opened" % " and ".join(URL_SCHEMES))
         with self._lock:
             self.slots_seen.add(cell["slot"])
         bcfg = self.cfg["browser"]
@@ -272,12 +269,12 @@ class Broker:
             fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
         finally:
             fields["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
-            _audit(self.log, **fields)
+            audit(self.log, AUDIT_EVENT, **fields)
 
     def serve(self, listener):
         wire.serve_connections(
             listener, self._stop, self.cfg["max_connections"], self.handle, "broker busy, retry later",
-            on_busy=lambda: _audit(self.log, slot=None, op=None, verdict="busy", duration_ms=0))
+            on_busy=lambda: audit(self.log, AUDIT_EVENT, slot=None, op=None, verdict="busy", duration_ms=0))
 
     def reap(self):
         """Tell chv-browser to drop contexts of slots whose cell is gone."""
@@ -295,7 +292,7 @@ class Broker:
                     continue
                 with self._lock:
                     self.slots_seen.discard(slot)
-                _audit(self.log, slot=slot, op="browser", action="close", verdict="reaped", duration_ms=0)
+                audit(self.log, AUDIT_EVENT, slot=slot, op="browser", action="close", verdict="reaped", duration_ms=0)
 
     def stop(self, *_):
         self._stop.set()
@@ -324,6 +321,6 @@ def main(argv=None):
     signal.signal(signal.SIGINT, broker.stop)
     if cfg["browser"]["enabled"] and cfg["browser"]["reap_interval"] > 0:
         threading.Thread(target=broker.reap, daemon=True).start()
-    _audit(sys.stderr, verdict="started", slot=None, op=None, duration_ms=0)
+    audit(sys.stderr, AUDIT_EVENT, verdict="started", slot=None, op=None, duration_ms=0)
     broker.serve(listener)
     return 0

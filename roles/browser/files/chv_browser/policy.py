@@ -2,7 +2,8 @@
 import re
 from urllib.parse import urlsplit
 
-ALLOWED_SCHEMES = ("http", "https")
+from .protocol import URL_SCHEMES
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SLOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -18,8 +19,8 @@ def check_url(url):
         parts = urlsplit(url.strip())
     except ValueError:
         raise Refused("url does not parse") from None
-    if parts.scheme.lower() not in ALLOWED_SCHEMES or not parts.hostname:
-        raise Refused("only http and https URLs with a host may be opened")
+    if parts.scheme.lower() not in URL_SCHEMES or not parts.hostname:
+        raise Refused("only %s URLs with a host may be opened" % " and ".join(URL_SCHEMES))
     return url.strip()
 
 
@@ -41,6 +42,10 @@ def check_name(name):
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise Refused("screenshot name must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63} without '..'")
     return name
+
+
+# The check of each request field named in protocol.BROWSER_ACTIONS: value -> checked value, or Refused.
+FIELD_CHECKS = {"url": check_url, "name": check_name}
 
 
 def truncate(text, max_lines, max_bytes):

@@ -35,7 +35,8 @@ driver are closed (a request still running ends with an error), and the
 process waits up to 10 s for those errors to reach their clients before it
 exits.
 
-Operations: open(url), snapshot, screenshot(name), close.  Nothing else:
+Operations (protocol.BROWSER_ACTIONS, shared with chv-broker): open(url),
+snapshot, screenshot(name), close; each is carried out by Engine.op_<action>.  Nothing else:
 no evaluate, no page content or DOM, no downloads, no DevTools endpoint
 (Playwright talks to chromium over a pipe, never a port).
 """
@@ -52,7 +53,8 @@ import threading
 import time
 
 from . import wire
-from .policy import Refused, check_name, check_slot, check_url, truncate, url_allowed
+from .policy import FIELD_CHECKS, Refused, check_slot, truncate, url_allowed
+from .protocol import BROWSER_ACTIONS, audit, handlers, known
 
 DEFAULTS = {
     "socket": "/run/chv-browser/browser.sock",
@@ -74,7 +76,7 @@ DEFAULTS = {
     "read_timeout": 10.0,
     "max_connections": 8,
 }
-ACTIONS = ("open", "snapshot", "screenshot", "close")
+LOG_EVENT = "chv-browser"
 
 
 def load_config(path):
@@ -86,11 +88,7 @@ def load_config(path):
 
 
 def _log(**fields):
-    try:
-        sys.stderr.write(json.dumps({"event": "chv-browser", **fields}, sort_keys=True) + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    audit(sys.stderr, LOG_EVENT, **fields)
 
 
 class DeadlineExceeded(Exception):
@@ -381,6 +379,7 @@ class Server:
     def __init__(self, cfg, engine):
         self.cfg = cfg
         self.engine = engine
+        self.actions = handlers(engine, BROWSER_ACTIONS)
         self._stop = threading.Event()
         self._busy = threading.Condition()
         self._inflight = 0  # connections being handled
@@ -388,15 +387,10 @@ class Server:
     def dispatch(self, req):
         slot = check_slot(req.get("slot"))
         action = req.get("action")
-        if action not in ACTIONS:
-            raise Refused("action must be one of " + ", ".join(ACTIONS))
-        if action == "open":
-            return self.engine.submit(self.engine.op_open, slot, check_url(req.get("url")))
-        if action == "snapshot":
-            return self.engine.submit(self.engine.op_snapshot, slot)
-        if action == "screenshot":
-            return self.engine.submit(self.engine.op_screenshot, slot, check_name(req.get("name")))
-        return self.engine.submit(self.engine.op_close, slot)
+        if not known(BROWSER_ACTIONS, action):
+            raise Refused("action must be one of " + ", ".join(BROWSER_ACTIONS))
+        args = [FIELD_CHECKS[field](req.get(field)) for field in BROWSER_ACTIONS[action]]
+        return self.engine.submit(self.actions[action], slot, *args)
 
     def handle(self, conn):
         with self._busy:

@@ -1,0 +1,63 @@
+"""What chv-broker and chv-browser accept, defined once for both services.
+
+chv-browser's package ships this file as a link to chv-broker's (as it does
+wire.py), so the operations, the browser actions, the URL rule and the
+audit line below exist in one place.
+
+Each service carries out a name through a method ``op_<name>`` (chv-broker:
+``Broker.op_ping``, ``Broker.op_sync``, ...; chv-browser:
+``Engine.op_open``, ...), looked up once at start by ``handlers``; a name
+not in these tables is refused.
+"""
+import json
+from urllib.parse import urlsplit
+
+# chv-browser actions -> the string fields each one requires (besides "slot",
+# which chv-broker fills in with the slot its peer check matched).
+BROWSER_ACTIONS = {"open": ("url",), "snapshot": (), "screenshot": ("name",), "close": ()}
+
+# sync actions -> required fields ("repo" is optional, default ".").
+SYNC_ACTIONS = {"status": (), "pull": (), "push": ()}
+
+# chv-broker operations: "actions" is the op's table of actions (None: the op
+# takes none); "switch" the config section whose "enabled" turns the op on
+# (None: always on).
+OPS = {
+    "ping": {"actions": None, "switch": None},
+    "sync": {"actions": SYNC_ACTIONS, "switch": "sync"},
+    "browser": {"actions": BROWSER_ACTIONS, "switch": "browser"},
+}
+
+# The only URL schemes a cell may have the browser open.
+URL_SCHEMES = ("http", "https")
+
+
+def known(table, name):
+    """Whether ``name`` (anything a client sent) is a key of ``table``."""
+    return isinstance(name, str) and name in table
+
+
+def handlers(obj, table):
+    """{name: obj.op_<name>} for every name in ``table``; raises TypeError when one has no handler."""
+    missing = [name for name in table if not callable(getattr(obj, "op_" + name, None))]
+    if missing:
+        raise TypeError("%s has no op_ method for %s" % (type(obj).__name__, ", ".join(missing)))
+    return {name: getattr(obj, "op_" + name) for name in table}
+
+
+def url_scheme_allowed(url):
+    """Whether ``url``'s scheme is one of URL_SCHEMES (case-insensitive).
+
+    Raises ValueError when urlsplit does (e.g. an unclosed IPv6 bracket).
+    """
+    return urlsplit(url).scheme.lower() in URL_SCHEMES
+
+
+def audit(stream, event, **fields):
+    """Write one JSON audit line {"event": event, **fields} to ``stream``; a closed stream is no error."""
+    fields = {"event": event, **fields}
+    try:
+        stream.write(json.dumps(fields, sort_keys=True) + "\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,1 @@
+../../../broker/files/chv_broker/protocol.py

@@ -1,11 +1,15 @@
 #!/usr/bin/python3 -I
 """Minimal chv-broker client for use inside a cell (standard library only).
 
-    chv-broker-client '{"op": "ping"}'
-    chv-broker-client '{"op": "sync", "action": "status", "repo": "myrepo"}'
+The broker role installs this file as /usr/lib/chv-fleet/chv_broker/client.py
+(no command on PATH); run it with one request as its only argument:
+
+    python3 /usr/lib/chv-fleet/chv_broker/client.py '{"op": "ping"}'
+    python3 /usr/lib/chv-fleet/chv_broker/client.py '{"op": "sync", "action": "status", "repo": "myrepo"}'
 
 Prints the reply line; exits 0 when the reply has "ok": true, 1 when the
-broker refused, 2 when the broker could not be reached or hung up.
+broker refused, 2 when the broker could not be reached or hung up, and 2
+after printing this text when not given exactly one argument.
 """
 import json
 import os
@@ -34,10 +38,10 @@ def main(argv):
                     break
                 buf += chunk
     except OSError as exc:
-        sys.stderr.write("chv-broker-client: %s\n" % exc)
+        sys.stderr.write("chv_broker/client.py: %s\n" % exc)
         return 2
     if not buf.endswith(b"\n"):
-        sys.stderr.write("chv-broker-client: broker closed the connection without a reply\n")
+        sys.stderr.write("chv_broker/client.py: broker closed the connection without a reply\n")
         return 2
     sys.stdout.write(buf.decode("utf-8", "replace"))
     try:

@@ -10,7 +10,7 @@ Topology (every address lives only inside the namespaces created here)::
 
 The outside namespace has no route to 10.200.0.0/16: a cell reaches it
 only through the guest's masquerade. The ruleset is rendered from the
-role's own template with the same data the cell_nat_facts module returns.
+role's own template with the same data the cell_nat_info module returns.
 """
 
 import json

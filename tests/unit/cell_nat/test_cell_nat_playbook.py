@@ -1,4 +1,4 @@
-"""The cell_nat_facts module and the role's template run through ansible-playbook in a namespace.
+"""The cell_nat_info module and the role's template run through ansible-playbook in a namespace.
 
 * the template Ansible renders is byte-identical to the rendering the netns
   tests load (so those tests exercise what the role writes);
@@ -43,7 +43,7 @@ RENDER = """
   gather_facts: false
   tasks:
     - name: Validate and discover
-      chv.fleet.cell_nat_facts:
+      chv.fleet.cell_nat_info:
         slots: {slots}
         egress_allow: [{{cidr: 198.18.1.0/24}}, {{cidr: 198.18.3.1, proto: tcp, ports: [8080, "9000-9100"]}}]
         egress_deny: [{{cidr: 198.18.1.200}}]
@@ -85,6 +85,32 @@ def test_ansible_renders_what_the_netns_tests_load(lab, tmp_path):
     lab.load_text(rendered)
     assert lab.probe(lab.cell_a, "198.18.1.1", 8080) == "198.18.0.2"     # allowed
     assert lab.probe(lab.cell_a, "198.18.0.1", 8080) is None             # not on the allow list
+
+
+OLD_NAME = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Call the module by its old name
+      chv.fleet.{name}:
+        slots: {slots}
+      register: info
+    - name: Keep what it returned
+      ansible.builtin.copy:
+        content: "{{{{ info | to_json }}}}"
+        dest: {tmp}/info.json
+        mode: "0600"
+"""
+
+
+@pytest.mark.parametrize("name", ["cell_nat_info", "cell_nat_facts"])
+def test_the_old_name_redirects_to_cell_nat_info(lab, tmp_path, name):
+    """meta/runtime.yml routes cell_nat_facts (the module's first name) to cell_nat_info."""
+    proc = playbook(lab, tmp_path, OLD_NAME.format(name=name, slots=json.dumps(lab.slots), tmp=tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads((tmp_path / "info.json").read_text())
+    assert (info["uplink"], info["slots_source"]) == ("upA", "variable")
+    assert "ansible_facts" not in info
 
 
 CASES = """

@@ -9,7 +9,7 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
-module: cell_nat_facts
+module: cell_nat_info
 short_description: Validate the cell NAT policy, discover the uplink and report conflicting firewalls
 version_added: 0.1.0
 description:
@@ -124,7 +124,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Validate the policy and discover the uplink
-  chv.fleet.cell_nat_facts:
+  chv.fleet.cell_nat_info:
     slots: "{{ chv_cell_identities }}"
     egress_allow:
       - cidr: 203.0.113.0/24

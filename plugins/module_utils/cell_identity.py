@@ -706,7 +706,7 @@ def slot_identity(ledger, name, path=None):
 # ---------------------------------------------------------------------------
 # Allocation (pure)
 
-def normalize_slots(slots):
+def normalize_slot_names(slots):
     """A list of names, a count N (-> slot0..slotN-1), a digit string or a
     comma-separated string -> list of names; None stays None."""
     if slots is None:
@@ -851,7 +851,7 @@ def allocate(ledger, slots, settings=None, host=None, state='present', purge=Tru
     """Pure allocation: returns an ``Allocation`` with a new ledger dict.
 
     ledger:   current ledger dict (validated here) or None for none yet.
-    slots:    names / count (see ``normalize_slots``); None with
+    slots:    names / count (see ``normalize_slot_names``); None with
               state=absent releases every slot.
     purge:    with state=present, release slots not listed.
     reassign: move existing slots whose identity no longer matches the
@@ -862,7 +862,7 @@ def allocate(ledger, slots, settings=None, host=None, state='present', purge=Tru
     """
     settings = settings or Settings()
     host = host or HostFacts()
-    names = normalize_slots(slots)
+    names = normalize_slot_names(slots)
     if state not in ('present', 'absent'):
         raise AllocationError('state', 'state %r is not present or absent' % (state,))
     nets, mismatched = {}, []
@@ -1049,7 +1049,7 @@ def recover_ledger(slots, settings, host):
     order.  UID ranges, and everything for slots without a live interface,
     are allocated afresh by ``allocate`` (running user namespaces stay
     blocked).  Returns (Allocation, recovered slot names)."""
-    names = normalize_slots(slots) or []
+    names = normalize_slot_names(slots) or []
     plen = len(settings.ifname_prefix)
     pool_end = settings.pool_start + settings.subnet_count * settings.step - 1
     found, used_subnets = {}, set()
@@ -1375,7 +1375,7 @@ def update_ledger(path, slots, settings, host, state='present', purge=True, reas
     backup_file, running (list of RunningCell).  Raises LedgerError /
     AllocationError / RunningCellError / LockTimeout before writing
     anything."""
-    names = normalize_slots(slots)
+    names = normalize_slot_names(slots)
     if state not in ('present', 'absent'):
         raise AllocationError('state', 'state %r is not present or absent' % (state,))
     with LedgerLock(path, lock_timeout, shared=check_mode):

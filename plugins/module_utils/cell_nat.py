@@ -4,7 +4,7 @@
 """Pure logic of the chv.fleet.cell_nat role (standard library only).
 
 Everything the role decides before it touches a host lives here, so that
-it is unit-tested and shared by the ``cell_nat_facts`` module and the tests
+it is unit-tested and shared by the ``cell_nat_info`` module and the tests
 that load the rendered ruleset into network namespaces:
 
 * validation of the role's variables, with the variable's name in every
@@ -299,7 +299,7 @@ def slots_from_ledger(data, label="ledger"):
     return records
 
 
-def normalize_slots(slots, label):
+def normalize_slot_records(slots, label):
     """Validate slot identity records; keep what the ruleset needs."""
     if slots is None:
         return []
@@ -527,7 +527,7 @@ def build_ruleset(slots, uplink, allow=(), deny=(), dns_resolvers=(), dns_via_ga
                   ratelimit=0, ratelimit_burst=10, ifname_prefix="chvh", door_dir=""):
     """Data for templates/cell-nat.nft.j2 (already validated inputs).
 
-    ``slots`` as returned by normalize_slots, ``allow``/``deny`` lists of
+    ``slots`` as returned by normalize_slot_records, ``allow``/``deny`` lists of
     EgressEntry, ``dns_resolvers`` list of address strings.
     """
     def nets(entries):
@@ -567,7 +567,7 @@ def plan(params, interfaces, route_json, prefix="cell_nat_"):
     ``interfaces``: names present on the host (None = do not check).
     Raises CellNatError naming ``prefix + key`` on the first problem.
     """
-    slots = normalize_slots(params.get("slots") or [], _label(prefix, "slots"))
+    slots = normalize_slot_records(params.get("slots") or [], _label(prefix, "slots"))
     allow = parse_egress_list(params.get("egress_allow") or [], _label(prefix, "egress_allow"))
     deny = parse_egress_list(params.get("egress_deny") or [], _label(prefix, "egress_deny"))
     check_allow_deny(allow, deny)

@@ -174,7 +174,7 @@ def test_slots_from_ledger_follow_index_order():
     del ledger["slots"]["slot1"]["name"]
     records = cn.slots_from_ledger(json.dumps(ledger), "/var/lib/chv-fleet/identities.json")
     assert [r["name"] for r in records] == ["slot0", "slot1"]
-    assert [s["host_ifname"] for s in cn.normalize_slots(records, "x")] == ["chvh0", "chvh1"]
+    assert [s["host_ifname"] for s in cn.normalize_slot_records(records, "x")] == ["chvh0", "chvh1"]
     with pytest.raises(CellNatError, match="not valid JSON"):
         cn.slots_from_ledger("{", "ledger")
 

@@ -315,17 +315,17 @@ def test_interface_name_space_exhaustion_names_ifname_prefix():
 ])
 def test_invalid_slots(slots, message):
     with pytest.raises(ci.AllocationError) as err:
-        ci.normalize_slots(slots)
+        ci.normalize_slot_names(slots)
     assert err.value.param == 'slots' and message in str(err.value)
 
 
 def test_slots_forms():
-    assert ci.normalize_slots(2) == ['slot0', 'slot1']
-    assert ci.normalize_slots('3') == ['slot0', 'slot1', 'slot2']
-    assert ci.normalize_slots('a, b') == ['a', 'b']
-    assert ci.normalize_slots(['b', 'a']) == ['b', 'a']
-    assert ci.normalize_slots(0) == []
-    assert ci.normalize_slots(None) is None
+    assert ci.normalize_slot_names(2) == ['slot0', 'slot1']
+    assert ci.normalize_slot_names('3') == ['slot0', 'slot1', 'slot2']
+    assert ci.normalize_slot_names('a, b') == ['a', 'b']
+    assert ci.normalize_slot_names(['b', 'a']) == ['b', 'a']
+    assert ci.normalize_slot_names(0) == []
+    assert ci.normalize_slot_names(None) is None
 
 
 # ---------------------------------------------------------------------------

@@ -138,7 +138,8 @@ def parse_apt_sources(deb822_texts, list_texts):
                 archive = archive or uris[0]
     for text in list_texts:
         for line in text.splitlines():
-            parts = [p for p in line.split() if not p.startswith("[")] if line.startswith("deb ") else []
+            # options: one bracketed block, which may hold several space-separated options
+            parts = re.sub(r"\[[^\]]*\]", " ", line).split() if line.startswith("deb ") else []
             if len(parts) < 3:
                 continue
             if parts[2].endswith("-security"):

@@ -246,3 +246,35 @@ def test_epilog_documents_the_exit_codes():
     text = cli.build_parser().format_help()
     for code in ("125", "75", "78", "124", "128+N"):
         assert code in text, code
+
+
+# ---------------------------------------------------------------- the agent's paths
+def test_agent_environment_and_alias_binds(policy):
+    policy.update(agent_state_mount="/home/chv", workspace_aliases=["/home/chv/workspace", "/srv/ws"],
+                  setenv={"FOO": "bar"})
+    a = opts(build(policy, slot=1))
+    for kv in ("HOME=/home/chv", "USER=chv", "LOGNAME=chv", "CHV_CELL=1", "CHV_SLOT=slot1", "FOO=bar"):
+        assert "--setenv=" + kv in a, kv
+    state = a.index("--bind=/nonexistent/state/slot1:/home/chv")
+    alias = a.index("--bind=/nonexistent/ws/slot1:/home/chv/workspace")
+    assert state < alias  # the parent is mounted first, then the alias inside it
+    assert "--bind=/nonexistent/ws/slot1:/srv/ws" in a
+    assert "--bind=/nonexistent/ws/slot1:/workspace" in a and "--chdir=/workspace" in a
+    # a cell path under an alias shows the slot's workspace, not the agent state dir
+    assert argvmod.host_path_of("/home/chv/workspace/x", policy, policy["slots"][1]) == "/nonexistent/ws/slot1/x"
+    assert argvmod.host_path_of("/home/chv/.codex", policy, policy["slots"][1]) == "/nonexistent/state/slot1/.codex"
+
+
+def test_agent_environment_follows_the_policy_and_wins_over_setenv(policy):
+    policy.update(agent_user="agent", agent_home="/home/agent", setenv={"HOME": "/root", "USER": "root"})
+    a = opts(build(policy))
+    assert "--setenv=HOME=/home/agent" in a and "--setenv=USER=agent" in a and "--setenv=LOGNAME=agent" in a
+    assert "--setenv=HOME=/root" not in a and "--setenv=USER=root" not in a
+    # without aliases: no extra bind of the workspace
+    assert sum(x.startswith("--bind=/nonexistent/ws/") for x in a) == 1
+
+
+def test_alias_mountpoints_only_inside_the_agent_state_mount(policy):
+    policy.update(agent_state_mount="/home/chv", workspace_aliases=["/home/chv/workspace", "/srv/ws", "/home/chv/a/b",
+                                                                    "/home/chvx"])
+    assert argvmod.alias_mountpoints(policy) == [["workspace"], ["a", "b"]]

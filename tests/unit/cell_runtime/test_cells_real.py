@@ -534,3 +534,317 @@ def test_hundred_consecutive_runs(env):
         assert run(env["policy"], "--", "true").returncode == 0
     per = (time.monotonic() - t) / n
     print("\nchv-cell run -- true: %.1f ms per run (%d runs)" % (per * 1000, n))
+
+
+# ---------------------------------------------------------------- the executor's path: a non-root user through sudo
+# The tests install a copy of the launcher (chv-cell, chv-cell-agent, chv_cell/)
+# in a root-owned directory under /run whose only change is the agent's fixed
+# policy path (policy.DEFAULT_POLICY_PATH, patched in the copy to this test's
+# policy), plus a sudoers drop-in of the role's shape for that copy, a
+# throwaway group and two throwaway users (one in the group, one not).  All
+# of it is removed at teardown.
+AGENT_KEYS = {"agent_state_mount": "/home/chv", "workspace_aliases": ["/home/chv/workspace"]}
+
+
+def _sh(*args):
+    r = subprocess.run(list(args), capture_output=True, text=True, check=False)
+    assert r.returncode == 0, (args, r.stdout, r.stderr)
+
+
+@pytest.fixture(scope="module")
+def sudo_env(env):
+    import grp
+    import pwd
+    import tempfile
+
+    from conftest import FILES
+
+    if not all(shutil.which(t) for t in ("sudo", "visudo", "useradd", "groupadd")):
+        pytest.skip("sudo, visudo, useradd and groupadd are needed for the executor's path")
+    n = os.getpid()
+    group, member, other = "chvtg%d" % n, "chvt%d" % n, "chvn%d" % n
+    for name, db in ((group, grp.getgrnam), (member, pwd.getpwnam), (other, pwd.getpwnam)):
+        with pytest.raises(KeyError):
+            db(name)  # never reuse an existing account
+    d = tempfile.mkdtemp(prefix="chv-agenttest-", dir="/run")
+    sudoers = "/etc/sudoers.d/chv-celltest-%d" % n
+    made = []
+    try:
+        os.chmod(d, 0o755)
+        lib = os.path.join(d, "lib")
+        os.makedirs(os.path.join(lib, "chv_cell"), 0o755)
+        for name in ("chv-cell", "chv-cell-agent"):
+            shutil.copy(os.path.join(FILES, name), os.path.join(lib, name))
+            os.chmod(os.path.join(lib, name), 0o755)
+        for name in os.listdir(os.path.join(FILES, "chv_cell")):
+            if name.endswith(".py"):
+                shutil.copy(os.path.join(FILES, "chv_cell", name), os.path.join(lib, "chv_cell", name))
+                os.chmod(os.path.join(lib, "chv_cell", name), 0o644)
+        policy_path = os.path.join(d, "cell-policy.json")
+        pol = copy.deepcopy(env["pol"])
+        pol.update(AGENT_KEYS)
+        with open(policy_path, "w") as fh:
+            json.dump(pol, fh)
+        os.chmod(policy_path, 0o644)
+        src = os.path.join(lib, "chv_cell", "policy.py")
+        with open(src) as fh:
+            text = fh.read()
+        old = 'DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"\n'
+        assert text.count(old) == 1
+        with open(src, "w") as fh:
+            fh.write(text.replace(old, "DEFAULT_POLICY_PATH = %r\n" % policy_path))
+        agent = os.path.join(lib, "chv-cell-agent")
+        _sh("groupadd", group)
+        made.append(("groupdel", group))
+        for user, extra in ((member, ["-G", group]), (other, [])):
+            _sh("useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", "-U", *extra, user)
+            made.append(("userdel", user))
+        rule = "Defaults!%s env_reset\n%%%s ALL=(root) NOPASSWD: %s\n" % (agent, group, agent)
+        tmp = os.path.join(d, "sudoers")
+        with open(tmp, "w") as fh:
+            fh.write(rule)
+        _sh("visudo", "-cf", tmp)
+        os.chmod(tmp, 0o440)
+        shutil.move(tmp, sudoers)
+        yield {"dir": d, "chv_cell": os.path.join(lib, "chv-cell"), "agent": agent, "policy": policy_path,
+               "pol": pol, "member": member, "other": other, "group": group}
+    finally:
+        if os.path.exists(sudoers):
+            os.unlink(sudoers)
+        for what, name in reversed(made):
+            subprocess.run([what, name], capture_output=True, check=False)
+            if what == "userdel":
+                subprocess.run(["groupdel", name], capture_output=True, check=False)  # the user's own group
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def as_user(user, argv, **kw):
+    """Popen of argv as ``user`` (its uid, primary group and groups), with a
+    minimal environment, as an SSH session would start it."""
+    import pwd
+
+    pw = pwd.getpwnam(user)
+    groups = os.getgrouplist(user, pw.pw_gid)
+    return subprocess.Popen(argv, user=pw.pw_uid, group=pw.pw_gid, extra_groups=groups, cwd="/",
+                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}, **kw)
+
+
+def user_run(user, argv, stdin=None, timeout=60):
+    p = as_user(user, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(stdin, timeout=timeout)
+    err = "".join(ln for ln in err.splitlines(True) if not ln.startswith(NOISE))
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+def test_agent_user_runs_a_cell_through_sudo(env, sudo_env):
+    s = sudo_env
+    payload = ["sh", "-c", "echo $HOME $USER $LOGNAME $(id -u) $PWD; cat; echo err >&2; exit 7"]
+    r = user_run(s["member"], [s["chv_cell"], "-v", "run", "--", *payload], stdin="piped-in\n")
+    assert r.returncode == 7, r.stderr
+    assert r.stdout == "/home/chv chv chv 0 /workspace\npiped-in\n"
+    assert "err\n" in r.stderr and "err" not in r.stdout
+    uid = __import__("pwd").getpwnam(s["member"]).pw_uid
+    assert "run requested by %s (uid %d) through sudo" % (s["member"], uid) in r.stderr
+    # the same command from a user outside the agent group: refused, nothing runs
+    r = user_run(s["other"], [s["chv_cell"], "run", "--", *payload], stdin="piped-in\n")
+    assert r.returncode == 78 and r.stdout == ""
+    assert "user %s" % s["other"] in r.stderr and "is not allowed to run cells" in r.stderr
+    assert "chv_cell_agent_group" in r.stderr
+    # status answers through sudo too
+    r = user_run(s["member"], [s["chv_cell"], "status"])
+    assert r.returncode == 0 and [ln.split()[-1] for ln in r.stdout.splitlines()] == ["idle", "idle"]
+
+
+SMUGGLE_MARKER = "smuggled-marker"
+
+
+def test_agent_refuses_everything_but_run_and_status(env, sudo_env):
+    s = sudo_env
+    marker = os.path.join(env["pol"]["workspace_root"], "slot0", SMUGGLE_MARKER)
+    payload = ["--", "sh", "-c", "touch /workspace/%s; echo payload-ran" % SMUGGLE_MARKER]
+    attempts = {
+        # through the public chv-cell (refused before sudo)
+        "wrapper": [
+            ["--policy", env["shared"], "run", "--slot", "slot0", *payload],
+            ["run", "--policy=" + env["shared"], "--slot", "slot0", *payload],
+            ["run", "--shared-network", "--slot", "slot0", *payload],
+            ["run", "--slot", "slot0", "--"],
+            ["status", "--policy", env["shared"]],
+            ["run", "--pol", env["shared"], "--slot", "slot0", *payload],
+        ],
+        # straight at the agent through sudo (the wrapper's checks skipped)
+        "agent": [
+            ["--policy", env["shared"], "run", "--slot", "slot0", *payload],
+            ["run", "--policy", env["shared"], "--slot", "slot0", *payload],
+            ["run", "--policy=" + env["shared"], "--slot", "slot0", *payload],
+            ["run", "--shared-network", "--slot", "slot0", *payload],
+            ["run", "--slot", "slot0", "--"],
+            ["run", "--slot", "slot0", "sh", "-c", "touch /workspace/%s" % SMUGGLE_MARKER],
+            ["status", "--policy", env["shared"]],
+            ["argv", "--slot", "slot0", *payload],
+            ["validate-policy", "/etc/shadow"],
+            [],
+        ],
+    }
+    for how, lists in attempts.items():
+        for args in lists:
+            if os.path.exists(marker):
+                os.unlink(marker)
+            argv = [s["chv_cell"], *args] if how == "wrapper" else ["sudo", "-n", s["agent"], *args]
+            r = user_run(s["member"], argv)
+            assert r.returncode == 78, (how, args, r.stderr)
+            assert "payload-ran" not in r.stdout and not os.path.exists(marker), (how, args)
+            assert r.stderr.startswith("chv-cell: "), (how, args, r.stderr)
+            assert "/etc/shadow" not in r.stdout and "root:" not in r.stdout
+    # control: the same payload in the allowed shape, both ways
+    for argv in ([s["chv_cell"], "run", "--slot", "slot0", *payload],
+                 ["sudo", "-n", s["agent"], "run", "--slot", "slot0", *payload]):
+        os.path.exists(marker) and os.unlink(marker)
+        r = user_run(s["member"], argv)
+        assert r.returncode == 0 and r.stdout == "payload-ran\n" and os.path.exists(marker), r.stderr
+
+
+def test_the_sudo_rule_allows_nothing_else(env, sudo_env):
+    s = sudo_env
+    for argv in (["sudo", "-n", "/bin/true"], ["sudo", "-n", "/usr/bin/env"], ["sudo", "-n", "-u", s["other"], "/bin/true"],
+                 ["sudo", "-n", "/usr/bin/python3", "-I", s["agent"], "status"]):
+        r = user_run(s["member"], argv)
+        assert r.returncode != 0 and "password is required" in r.stderr, (argv, r.stderr)
+    # control: the rule's one command works for the member, and sudo itself works for root
+    assert user_run(s["member"], ["sudo", "-n", s["agent"], "status"]).returncode == 0
+    assert subprocess.run(["sudo", "-n", "/bin/true"], check=False).returncode == 0
+
+
+def test_the_agent_needs_sudo_even_for_root(env, sudo_env):
+    s = sudo_env
+    r = subprocess.run([s["agent"], "status"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                       check=False)
+    assert r.returncode == 78 and "started only by sudo (SUDO_UID/SUDO_USER are not set)" in r.stderr
+    # control: root through sudo (which sets SUDO_UID/SUDO_USER itself)
+    r = subprocess.run(["sudo", "-n", s["agent"], "status"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and r.stdout.count("idle") == 2, r.stderr
+
+
+def slot_free(env, name="slot0"):
+    return (status(env, env["policy"])[name] == "idle"
+            and not os.path.exists("/sys/class/net/" + next(s["host_ifname"] for s in env["pol"]["slots"]
+                                                            if s["name"] == name)))
+
+
+@pytest.mark.parametrize("how, kind", [("sudo", "pipe"), ("sudo", "socket"), ("root", "pipe")])
+def test_disconnect_without_sighup_stops_the_cell(env, sudo_env, how, kind):
+    """sshd without a tty: the session's stdout/stderr lose their peer, no SIGHUP."""
+    s = sudo_env
+    argv = [s["chv_cell"], "run", "--slot", "slot0", "--", "sleep", "60"]
+    if kind == "pipe":
+        keep, give = os.pipe()
+        streams = {"stdout": give, "stderr": subprocess.PIPE}
+    else:
+        a, b = socket.socketpair()
+        keep, give = a.detach(), b.detach()
+        streams = {"stdout": give, "stderr": give}
+    stdin_r, stdin_w = os.pipe()
+    os.close(stdin_w)  # stdin at EOF from the start: not a disconnect
+    try:
+        if how == "sudo":
+            p = as_user(s["member"], argv, stdin=stdin_r, **streams)
+        else:
+            p = subprocess.Popen([sys.executable, "-I", ENTRY, "--policy", env["policy"], *argv[1:]], stdin=stdin_r,
+                                 **streams)
+    finally:
+        os.close(give)
+        os.close(stdin_r)
+    try:
+        wait_record(env, "slot0", p)
+        time.sleep(0.5)
+        assert p.poll() is None  # stdin's EOF alone did not stop it
+        t = time.monotonic()
+        os.close(keep)
+        keep = None
+        p.wait(timeout=env["pol"]["stop_grace"] + 10)
+        took = time.monotonic() - t
+        err = p.stderr.read().decode() if p.stderr else ""
+    finally:
+        if keep is not None:
+            os.close(keep)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 129, err
+    assert took < env["pol"]["stop_grace"] + 5
+    if kind == "pipe":
+        assert "the peer of stdout has no reader (POLLERR): the caller is gone; stopping the cell (exit 129" in err
+    assert slot_free(env)
+
+
+def test_live_streams_and_files_never_stop_the_cell(env, sudo_env):
+    """Controls of the disconnect test: a reader that stays, /dev/null, a file."""
+    s = sudo_env
+    argv = [s["chv_cell"], "run", "--slot", "slot0", "--", "sh", "-c", "sleep 1.5; echo done; exit 3"]
+    r = user_run(s["member"], argv)  # stdout a pipe whose reader stays
+    assert r.returncode == 3 and r.stdout == "done\n", r.stderr
+    with open(os.path.join(s["dir"], "out"), "w") as out, open(os.devnull, "w") as null:
+        for target in (out, null):
+            p = as_user(s["member"], argv, stdin=subprocess.DEVNULL, stdout=target, stderr=target)
+            assert p.wait(timeout=30) == 3
+    with open(os.path.join(s["dir"], "out")) as fh:
+        assert "done\n" in fh.read()
+
+
+def test_sighup_is_relayed_by_sudo(env, sudo_env):
+    s = sudo_env
+    p = as_user(s["member"], [s["chv_cell"], "run", "--slot", "slot0", "--", "sleep", "60"], stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE)
+    wait_record(env, "slot0", p)
+    with open("/proc/%d/cmdline" % p.pid) as fh:
+        assert fh.read().split("\0")[:3] == ["/usr/bin/sudo", "-n", s["agent"]]  # chv-cell exec'd sudo
+    p.send_signal(signal.SIGHUP)
+    dummy, err = p.communicate(timeout=30)
+    assert p.returncode == 129 and "stopping on signal 1" in err.decode()
+    assert slot_free(env)
+
+
+def test_tty_hangup_through_sudo_stops_the_cell(env, sudo_env):
+    """ssh -t: the session has a controlling tty (and sudo its use_pty); closing it hangs up."""
+    import fcntl
+    import termios
+
+    s = sudo_env
+    master, slave = os.openpty()
+    p = as_user(s["member"], [s["chv_cell"], "run", "--slot", "slot0", "--", "sleep", "60"], stdin=slave, stdout=slave,
+                stderr=slave, start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    try:
+        wait_record(env, "slot0", p)
+        time.sleep(0.3)
+        assert p.poll() is None
+    finally:
+        os.close(master)
+    assert p.wait(timeout=env["pol"]["stop_grace"] + 10) == 129
+    assert slot_free(env)
+
+
+def test_agent_home_is_per_slot_and_the_alias_is_the_workspace(env, sudo_env):
+    s = sudo_env
+
+    def cell(slot_name, script):
+        r = user_run(s["member"], [s["chv_cell"], "run", "--slot", slot_name, "--", "sh", "-c", script])
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    cell("slot0", "mkdir -p /home/chv/.codex && echo s0 > /home/chv/.codex/host-state.json")
+    # another slot has its own HOME: slot0's file is not there
+    assert cell("slot1", "cat /home/chv/.codex/host-state.json 2>/dev/null || echo absent; echo $HOME") == \
+        "absent\n/home/chv\n"
+    # control: slot0 finds it again (its HOME persists)
+    assert cell("slot0", "cat /home/chv/.codex/host-state.json") == "s0\n"
+    out = cell("slot0", "echo a > /workspace/via-mount; cat /home/chv/workspace/via-mount; "
+                        "echo b > /home/chv/workspace/via-alias; cat /workspace/via-alias; "
+                        "test $(stat -c %d:%i /workspace) = $(stat -c %d:%i /home/chv/workspace) && echo same-dir; "
+                        "ls /home/chv/via-mount 2>/dev/null || echo not-in-home")
+    assert out == "a\nb\nsame-dir\nnot-in-home\n"
+    ws = os.path.join(env["pol"]["workspace_root"], "slot0")
+    assert sorted(f for f in os.listdir(ws) if f.startswith("via-")) == ["via-alias", "via-mount"]
+    # the alias's mount point in the agent state dir belongs to the slot's cell root (not host root)
+    st = os.lstat(os.path.join(env["pol"]["agent_state_root"], "slot0", "workspace"))
+    assert st.st_uid == env["pol"]["slots"][0]["uid_base"]

@@ -247,3 +247,55 @@ def test_runtime_max_can_only_be_lowered(policy_max, requested):
         assert policy_max and requested > policy_max
     else:
         assert got == requested and (policy_max == 0 or got <= policy_max)
+
+
+# ---------------------------------------------------------------- the agent's paths
+AGENT = {"agent_state_mount": "/home/chv", "workspace_aliases": ["/home/chv/workspace"]}
+
+
+def test_agent_keys_default_and_role_shape_valid(raw_policy):
+    m = policymod.merged(raw_policy)
+    assert (m["agent_user"], m["agent_home"], m["workspace_aliases"]) == ("chv", "/home/chv", [])
+    raw_policy.update(AGENT)
+    assert policymod.validate(raw_policy) == []
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ({"agent_user": "Root Admin"}, "agent_user: 'Root Admin' must be a user name"),
+        ({"agent_user": 1000}, "agent_user: 1000 must be a user name"),
+        ({"agent_home": "home/chv"}, "agent_home: 'home/chv' must be an absolute"),
+        ({"agent_home": "/etc/chv"}, "agent_home: '/etc/chv' must be an absolute normalised path outside"),
+        ({"agent_home": "/"}, "agent_home: '/' must be"),
+        ({"workspace_aliases": "/home/chv/workspace"}, "workspace_aliases: must be a list"),
+        ({"workspace_aliases": ["rel/ws"]}, "workspace_aliases[0]: 'rel/ws' must be an absolute"),
+        ({"workspace_aliases": ["/"]}, "workspace_aliases[0]: '/' must be"),
+        ({"workspace_aliases": ["/home/chv/w:x"]}, "must be an absolute normalised path"),
+        ({"workspace_aliases": ["/usr/local/ws"]}, "inside the system tree /usr"),
+        ({"workspace_aliases": ["/run/ws"]}, "inside the system tree /run"),
+        ({"workspace_aliases": ["/etc"]}, "inside the system tree /etc"),
+        ({"workspace_aliases": ["/workspace"]}, "collides with workspace_mount /workspace"),
+        ({"workspace_aliases": ["/workspace/again"]}, "collides with workspace_mount /workspace"),
+        ({"workspace_aliases": ["/tmp/ws"]}, "collides with tmpfs /tmp"),
+        ({"workspace_aliases": ["/app"]}, "collides with bind target /app"),
+        ({"workspace_aliases": ["/app/sub"]}, "collides with bind target /app"),
+        ({"workspace_aliases": ["/home/chv"]}, "would hide the agent_state_mount /home/chv"),
+        ({"workspace_aliases": ["/home"]}, "would hide the agent_state_mount /home/chv"),
+        ({"workspace_aliases": ["/srv/ws", "/srv/ws"]}, "workspace_aliases[1]: /srv/ws collides with workspace_aliases[0]"),
+        ({"workspace_aliases": ["/srv/ws", "/srv/ws/in"]}, "collides with workspace_aliases[0] /srv/ws"),
+        ({"setenv": {"HOME": "/root"}}, "setenv: HOME is set from agent_user/agent_home"),
+        ({"setenv": {"USER": "root"}}, "setenv: USER is set from"),
+        ({"setenv": {"LOGNAME": "root"}}, "setenv: LOGNAME is set from"),
+    ],
+)
+def test_agent_keys_refused(raw_policy, extra, expected):
+    raw_policy.update(AGENT)
+    raw_policy.update(extra)
+    assert expected in errors_of(raw_policy)
+
+
+@pytest.mark.parametrize("aliases", [["/home/chv/workspace"], ["/home/chv/a/b", "/srv/ws"], ["/home/other"], []])
+def test_agent_aliases_allowed(raw_policy, aliases):
+    raw_policy.update(AGENT, workspace_aliases=aliases)
+    assert policymod.validate(raw_policy) == []

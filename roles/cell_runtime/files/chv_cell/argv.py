@@ -71,7 +71,15 @@ def _subst(path, slot):
 
 
 def bind_table(policy, slot):
-    """All binds of the cell as (flag, source, target, optional), in order."""
+    """All binds of the cell as (flag, source, target, optional), in order.
+
+    nspawn mounts them in this order, so a parent comes before what is
+    mounted inside it: /etc, the readonly and writable binds, the slot's
+    workspace at workspace_mount, its agent state dir at agent_state_mount,
+    then the workspace again at each workspace alias (an alias may lie inside
+    the agent_state_mount, e.g. /home/chv/workspace under /home/chv; the
+    validator refuses any other nesting).
+    """
     paths = cell_paths(policy, slot)
     table = [("--bind-ro", "/etc", "/etc", False)]
     for b in policy["readonly_binds"]:
@@ -82,7 +90,22 @@ def bind_table(policy, slot):
         table.append(("--bind", src, _subst(b.get("target", b["source"]), slot), b.get("optional", False)))
     table.append(("--bind", paths["workspace"], policy["workspace_mount"], False))
     table.append(("--bind", paths["agent_state"], policy["agent_state_mount"], False))
+    for alias in policy["workspace_aliases"]:
+        table.append(("--bind", paths["workspace"], alias, False))
     return table
+
+
+def alias_mountpoints(policy):
+    """Workspace aliases inside the agent_state_mount, as path components
+    relative to it (["workspace"] for /home/chv/workspace under /home/chv).
+    Their mount points live in the slot's agent state dir on the host; the
+    launcher creates them there, owned by the slot's cell root."""
+    mount = policy["agent_state_mount"]
+    out = []
+    for alias in policy["workspace_aliases"]:
+        if alias != mount and is_under(alias, mount):
+            out.append(alias[len(mount.rstrip("/")) + 1:].split("/"))
+    return out
 
 
 def probe_paths(policy, slot):
@@ -116,6 +139,19 @@ def host_path_of(cell_path, policy, slot, existing=None):
         return None
     src, tgt = best
     return src + cell_path[len(tgt):]
+
+
+def cell_environment(policy, slot):
+    """The variables every cell gets, which the policy's setenv cannot change:
+    CHV_CELL=1, CHV_SLOT, and the agent's HOME (agent_home), USER and LOGNAME
+    (agent_user)."""
+    return {
+        "CHV_CELL": "1",
+        "CHV_SLOT": slot["name"],
+        "HOME": policy["agent_home"],
+        "USER": policy["agent_user"],
+        "LOGNAME": policy["agent_user"],
+    }
 
 
 def build_argv(policy, slot, command, facts):
@@ -181,7 +217,7 @@ def build_argv(policy, slot, command, facts):
             hidden.append(cp)
     argv += ["--inaccessible=" + p for p in hidden]
     argv += ["--tmpfs=%s:mode=1777" % t for t in policy["tmpfs"]]
-    env = {"CHV_CELL": "1", "CHV_SLOT": slot["name"]}
+    env = cell_environment(policy, slot)
     for k, v in policy["setenv"].items():
         if k not in env:
             env[k] = str(v)

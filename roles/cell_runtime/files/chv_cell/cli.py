@@ -1,4 +1,9 @@
-"""Command line: chv-cell run | argv | validate-policy | status."""
+"""Command line: chv-cell run | argv | validate-policy | status.
+
+As root everything runs here.  A non-root user asking for ``run`` or
+``status`` is handed to ``agent.delegate`` (sudo and the root-only
+``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
+world-readable policy and run as that user."""
 
 import argparse
 import json
@@ -6,6 +11,7 @@ import os
 import shlex
 import sys
 
+from . import agent as agentmod
 from . import argv as argvmod
 from . import policy as policymod
 from . import runner
@@ -34,6 +40,7 @@ def _pick_slot(pol, name):
 def build_parser():
     ap = argparse.ArgumentParser(
         prog="chv-cell",
+        allow_abbrev=False,
         description="Run a command in a hardened systemd-nspawn cell.",
         epilog="exit codes: the payload's own; %d cell setup failed or a fail-closed check refused it "
         "(ruleset, limits, user namespaces; the payload did not run); %d every slot busy until the "
@@ -41,11 +48,13 @@ def build_parser():
         "runtime_max); %d wall-clock limit (runtime_max / --runtime-max) reached; 128+N stopped by signal N"
         % (runner.EXIT_SETUP, runner.EXIT_BUSY, runner.EXIT_CONFIG, runner.EXIT_RUNTIME),
     )
-    ap.add_argument("--policy", default=policymod.DEFAULT_POLICY_PATH, help="policy file (default %(default)s)")
+    ap.add_argument("--policy", help="policy file (default %s; root only for run and status)"
+                    % policymod.DEFAULT_POLICY_PATH)
     ap.add_argument("-v", "--verbose", action="store_true", help="log slot claim and timing to stderr")
     sub = ap.add_subparsers(dest="action", required=True)
 
-    r = sub.add_parser("run", help="claim a free slot and run CMD in a cell")
+    r = sub.add_parser("run", allow_abbrev=False, help="claim a free slot and run CMD in a cell")
+    r.add_argument("-v", "--verbose", dest="run_verbose", action="store_true", help="same as chv-cell -v run")
     r.add_argument("--slot", help="use only this slot (default: the first free one)")
     r.add_argument("--timeout", type=float, help="seconds to wait for a free slot (default: policy claim_timeout)")
     r.add_argument(
@@ -63,22 +72,64 @@ def build_parser():
     )
     r.add_argument("command", nargs=argparse.REMAINDER)
 
-    a = sub.add_parser("argv", help="print the systemd-nspawn command line without starting anything")
+    a = sub.add_parser("argv", allow_abbrev=False, help="print the systemd-nspawn command line without starting anything")
     a.add_argument("--slot", help="slot to show (default: the first)")
     a.add_argument("--shared-network", action="store_true")
     a.add_argument("--json", action="store_true", help="print a JSON list instead of a shell command")
     a.add_argument("command", nargs=argparse.REMAINDER)
 
-    v = sub.add_parser("validate-policy", help="check a policy file; exit 0 when usable")
+    v = sub.add_parser("validate-policy", allow_abbrev=False, help="check a policy file; exit 0 when usable")
     v.add_argument("path", nargs="?", help="file to check (default: --policy)")
 
-    sub.add_parser("status", help="list slots and the cells running in them")
+    sub.add_parser("status", allow_abbrev=False, help="list slots and the cells running in them")
     return ap
 
 
-def main(args=None):
+def print_status(pol):
+    """``chv-cell status``: one line per slot (identity and live record); 0."""
+    for s in pol["slots"]:
+        rec_path = argvmod.cell_paths(pol, s)["record"]
+        try:
+            with open(rec_path) as fh:
+                rec = json.load(fh)
+            alive = os.path.exists("/proc/%d" % int(rec["pid"]))
+            state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
+        except FileNotFoundError:
+            state = "idle"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            state = "unknown (%s)" % exc
+        print(
+            "%-10s %-12s %-15s %-18s uid %d+%d  %s"
+            % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)
+        )
+    sys.stdout.flush()
+    return 0
+
+
+def _asks_for_help(rest):
+    """-h/--help among the options before '--'."""
+    opts = rest[:rest.index("--")] if "--" in rest else rest
+    return "-h" in opts or "--help" in opts
+
+
+def main(args=None, euid=None):
+    """Run the command line ``args`` (default sys.argv[1:]); return the exit
+    code.  A non-root caller's run/status goes to agent.delegate (which execs
+    sudo); any other form of run/status from a non-root caller is refused
+    with 78."""
+    args = sys.argv[1:] if args is None else list(args)
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        top = agentmod.split_top(args)
+        if top is not None and top[2] in ("run", "status") and not _asks_for_help(top[3]):
+            return agentmod.delegate(*top)
     ap = build_parser()
     ns = ap.parse_args(args)
+    if euid != 0 and ns.action in ("run", "status"):
+        runner.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
+        return runner.EXIT_CONFIG
+    if ns.policy is None:
+        ns.policy = policymod.DEFAULT_POLICY_PATH
 
     if ns.action == "validate-policy":
         path = ns.path or ns.policy
@@ -122,24 +173,9 @@ def main(args=None):
         return 0
 
     if ns.action == "status":
-        for s in pol["slots"]:
-            rec_path = argvmod.cell_paths(pol, s)["record"]
-            try:
-                with open(rec_path) as fh:
-                    rec = json.load(fh)
-                alive = os.path.exists("/proc/%d" % int(rec["pid"]))
-                state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
-            except FileNotFoundError:
-                state = "idle"
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                state = "unknown (%s)" % exc
-            print(
-                "%-10s %-12s %-15s %-18s uid %d+%d  %s"
-                % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)
-            )
-        return 0
+        return print_status(pol)
 
     cmd = _command(ns, ap)
-    launcher = runner.Launcher(pol, verbose=ns.verbose)
+    launcher = runner.Launcher(pol, verbose=ns.verbose or ns.run_verbose)
     return launcher.run(cmd, slot_name=ns.slot, timeout=ns.timeout, shared_network=ns.shared_network,
                         runtime_max=ns.runtime_max)

@@ -75,6 +75,16 @@ DEFAULTS = {
     "workspace_mount": "/workspace",
     "agent_state_root": "/var/lib/chv-fleet/agent-state",
     "agent_state_mount": "/root",
+    # The agent's identity inside the cell (docs/cells.md "The agent's paths"):
+    # HOME, USER and LOGNAME of the payload.  The payload still runs as cell
+    # root (uid 0 of the slot's user namespace); these name the agent user
+    # the executor logs in as.  The role renders agent_state_mount equal to
+    # agent_home, so the slot's agent state dir is the agent's HOME.
+    "agent_user": "chv",
+    "agent_home": "/home/chv",
+    # More cell paths where the slot's workspace appears (besides
+    # workspace_mount), e.g. the agent's ~/workspace.
+    "workspace_aliases": [],
     "scope": "auto",
     "register": False,
     "drop_capabilities": sorted(REQUIRED_DROPPED_CAPS | {USERNS_GUARD_CAP}),
@@ -125,7 +135,15 @@ _SYSCALL_RE = re.compile(r"^[a-z0-9_]+$")
 _PROP_RE = re.compile(r"^[A-Z][A-Za-z0-9]+$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RLIMIT_VAL_RE = re.compile(r"^(infinity|[0-9]+)(:(infinity|[0-9]+))?$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _SEARCH_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+# Cell trees that a mount target (agent_home, workspace_aliases) must not be
+# in or replace: nspawn provides them, or they are read-only host trees.
+SYSTEM_TREES = ("/etc", "/usr", "/proc", "/sys", "/dev", "/run")
+# Environment variables a cell always gets from the policy's agent keys
+# (setenv may not name them).
+AGENT_ENV = ("HOME", "USER", "LOGNAME")
 
 # Host paths that must never become visible (as a bind source) in a cell.
 PROTECTED_PATHS = ("/run/chv-fleet", "/etc/chv", "/var/lib/chv-fleet/identities.json")
@@ -269,6 +287,64 @@ def _check_slots(slots, errors):
                 errors.append(
                     "slots[%d]/slots[%d]: uid ranges %d+%d and %d+%d overlap partially" % (ia, ib, ba, sa, bb, sb)
                 )
+
+
+def _bind_targets(binds):
+    """Targets of a readonly_binds/writable_binds list as checkable paths
+    (``{slot}`` replaced by a sample name; malformed entries skipped)."""
+    out = []
+    if isinstance(binds, list):
+        for b in binds:
+            if isinstance(b, dict):
+                tgt = b.get("target", b.get("source"))
+                if isinstance(tgt, str):
+                    out.append(tgt.replace("{slot}", "slot"))
+    return out
+
+
+def _check_agent(p, errors):
+    """agent_user, agent_home, workspace_aliases and the agent's environment.
+
+    agent_user is a plain user name; agent_home an absolute path outside the
+    system trees.  Each workspace alias is an absolute path that is neither
+    inside a system tree nor equal to, inside or around the workspace_mount,
+    a bind target, a tmpfs or another alias, and that does not contain the
+    agent_state_mount (an alias inside the agent_state_mount is allowed: it is
+    bound after it).  setenv may not name HOME, USER or LOGNAME.
+    """
+    if not isinstance(p["agent_user"], str) or not _USER_RE.match(p["agent_user"]):
+        errors.append("agent_user: %r must be a user name matching %s" % (p["agent_user"], _USER_RE.pattern))
+    home = p["agent_home"]
+    if not _is_abs_clean(home) or home == "/" or any(is_under(home, t) for t in SYSTEM_TREES):
+        errors.append("agent_home: %r must be an absolute normalised path outside %s" % (home, ", ".join(SYSTEM_TREES)))
+    aliases = p["workspace_aliases"]
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        errors.append("workspace_aliases: must be a list of absolute paths")
+        return
+    others = [("bind target", t) for t in _bind_targets(p["readonly_binds"]) + _bind_targets(p["writable_binds"])]
+    if isinstance(p["tmpfs"], list):
+        others += [("tmpfs", t) for t in p["tmpfs"] if isinstance(t, str)]
+    if isinstance(p["workspace_mount"], str):
+        others.append(("workspace_mount", p["workspace_mount"]))
+    for i, a in enumerate(aliases):
+        where = "workspace_aliases[%d]" % i
+        if not _is_abs_clean(a) or a == "/":
+            errors.append("%s: %r must be an absolute normalised path other than /" % (where, a))
+            continue
+        trees = [t for t in SYSTEM_TREES if is_under(a, t)]
+        if trees:
+            errors.append("%s: %s is inside the system tree %s of the cell" % (where, a, trees[0]))
+        for what, t in others + [("workspace_aliases[%d]" % j, b) for j, b in enumerate(aliases[:i])]:
+            if _is_abs_clean(t) and (is_under(a, t) or is_under(t, a)):
+                errors.append("%s: %s collides with %s %s" % (where, a, what, t))
+        st = p["agent_state_mount"]
+        if isinstance(st, str) and is_under(st, a):
+            errors.append("%s: %s would hide the agent_state_mount %s (an alias may lie inside it, not around it)"
+                          % (where, a, st))
+    if isinstance(p["setenv"], dict):
+        for k in AGENT_ENV:
+            if k in p["setenv"]:
+                errors.append("setenv: %s is set from agent_user/agent_home and cannot be overridden" % k)
 
 
 def _check_names(errors, key, values, what, is_valid, invalid_message, required):
@@ -419,6 +495,7 @@ def validate(obj):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= RUNTIME_MAX_LIMIT:
         errors.append("runtime_max: must be a number of seconds between 0 (no limit) and %d" % RUNTIME_MAX_LIMIT)
 
+    _check_agent(p, errors)
     _check_slots(p["slots"], errors)
     return errors
 

@@ -50,14 +50,68 @@ class RuntimeLimit(Exception):
 
 
 class Interrupted(Exception):
-    def __init__(self, signum):
+    """A stop request: signal ``signum`` arrived, or (``reason`` set) the
+    launcher's stdout or stderr peer went away, handled like SIGHUP."""
+
+    def __init__(self, signum, reason=None):
         super().__init__(signum)
         self.signum = signum
+        self.reason = reason
 
 
 def log(msg):
-    sys.stderr.write("chv-cell: %s\n" % msg)
-    sys.stderr.flush()
+    """Write one ``chv-cell: msg`` line to fd 2, unbuffered.
+
+    Errors are ignored: after a disconnect stderr may be a pipe or socket
+    without a reader, and nothing may be left in a Python buffer that would
+    fail again (and change the exit status to 120) at interpreter exit.  When
+    sys.stderr has been replaced by something that is not fd 2 (a test's
+    capture), the line goes there instead."""
+    line = "chv-cell: %s\n" % msg
+    stream = sys.stderr
+    try:
+        direct = stream is None or stream.fileno() == 2
+    except (AttributeError, ValueError, OSError):
+        direct = False  # a replaced sys.stderr (a test's capture): write to it
+    try:
+        if not direct:
+            stream.write(line)
+            stream.flush()
+            return
+        data = line.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(2, data):]
+    except OSError:
+        pass
+
+
+# poll() reports these for an fd whose peer went away: POLLHUP (the other
+# end of a socket or tty closed) and POLLERR (a pipe with no reader left).
+# A regular file or /dev/null never reports either.
+HANGUP_EVENTS = select.POLLHUP | select.POLLERR
+
+
+def hangup_watch_fds(fds=(1, 2)):
+    """The fds among ``fds`` (stdout, stderr) that are open and so can be
+    watched for a disconnected peer."""
+    out = []
+    for fd in fds:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        out.append(fd)
+    return out
+
+
+def hangup_reason(fd, events):
+    """Why a poll() result of a watched fd means the peer went away (None if
+    it does not).  POLLNVAL (fd not open) is not a hangup."""
+    if not events & HANGUP_EVENTS:
+        return None
+    what = {1: "stdout", 2: "stderr"}.get(fd, "fd %d" % fd)
+    kind = "closed (POLLHUP)" if events & select.POLLHUP else "has no reader (POLLERR)"
+    return "the peer of %s %s: the caller is gone" % (what, kind)
 
 
 def resolve_scope(policy):
@@ -318,6 +372,41 @@ def _ensure_dir(path, mode, uid=None):
         raise SetupError("%s exists and is not a directory" % path)
 
 
+def _ensure_dir_beneath(base, parts, mode, uid):
+    """Create the directory base/parts[0]/parts[1]/... where missing, each new
+    one owned by ``uid`` with ``mode``, never following a symlink: ``base``
+    and every component are opened with O_NOFOLLOW|O_DIRECTORY relative to
+    the previous one.  ``base`` (the slot's agent state dir) is writable by
+    the cell, so a component that is a symlink or not a directory raises
+    SetupError naming it instead of being used."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    path = base
+    try:
+        fd = os.open(base, flags)
+    except OSError as exc:
+        raise SetupError("cannot open %s: %s" % (base, exc.strerror))
+    try:
+        for part in parts:
+            path = os.path.join(path, part)
+            try:
+                os.mkdir(part, mode, dir_fd=fd)
+                created = True
+            except FileExistsError:
+                created = False
+            try:
+                nfd = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                raise SetupError("%s (mount point of a workspace alias) is a symlink or not a directory (%s); move it away"
+                                 % (path, exc.strerror))
+            os.close(fd)
+            fd = nfd
+            if created:
+                os.fchown(fd, uid, uid)
+                os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def _writable_proc_sys(libc, path="/proc/sys"):
     """In a forked child only: when ``path`` is a read-only mount, move to a
     private mount namespace and remount it read-write there (the flags
@@ -340,10 +429,19 @@ def _writable_proc_sys(libc, path="/proc/sys"):
 
 # ---------------------------------------------------------------- launcher
 class Launcher:
-    def __init__(self, policy, verbose=False):
+    """One ``chv-cell run``.  ``caller`` (text, e.g. ``chv (uid 1000) through
+    sudo``) is only logged with ``verbose``.  ``watch_fds`` are the fds whose
+    disconnected peer stops the run like SIGHUP (default: stdout and stderr,
+    those that are open when the run starts)."""
+
+    def __init__(self, policy, verbose=False, caller=None, watch_fds=None):
         self.policy = policy
         self.verbose = verbose
+        self.caller = caller
+        self._watch_arg = watch_fds
+        self._watch = []
         self.stop_signal = None
+        self.stop_reason = None
         self._wake_r = self._wake_w = None
         self._old_handlers = {}
         self._old_wakeup = None
@@ -360,6 +458,9 @@ class Launcher:
             self.stop_signal = signum
 
     def install_signals(self):
+        # Before the wake-up pipe exists: a closed fd 1 or 2 must not be
+        # taken for it.
+        self._watch = hangup_watch_fds() if self._watch_arg is None else list(self._watch_arg)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -382,15 +483,36 @@ class Launcher:
             pass
 
     def sleep(self, seconds, extra_fds=()):
-        """Sleep, returning early on a stop signal or when an fd is readable."""
+        """Sleep up to ``seconds``; return the fds of ``extra_fds`` that are
+        readable (or hung up).  Raise Interrupted on a stop signal, and also
+        (as SIGHUP, with a reason) when a watched fd reports POLLHUP or
+        POLLERR: without a tty, sshd sends no SIGHUP when the connection
+        drops, but the session's pipes or sockets lose their peer."""
         if self.stop_signal is not None:
-            raise Interrupted(self.stop_signal)
-        r, dummy, dummy = select.select([self._wake_r] + list(extra_fds), [], [], max(0.0, seconds))
-        if self._wake_r in r:
-            self._drain_wakeup()
+            raise Interrupted(self.stop_signal, self.stop_reason)
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        for fd in extra_fds:
+            poller.register(fd, select.POLLIN)
+        watched = [fd for fd in self._watch if fd not in extra_fds and fd != self._wake_r]
+        for fd in watched:
+            poller.register(fd, HANGUP_EVENTS)
+        ready = []
+        for fd, ev in poller.poll(max(0, int(seconds * 1000 + 0.999))):
+            if fd == self._wake_r:
+                self._drain_wakeup()
+            elif fd in watched:
+                if ev & select.POLLNVAL:
+                    self._watch.remove(fd)  # closed meanwhile: nothing to watch
+                    continue
+                reason = hangup_reason(fd, ev)
+                if reason and self.stop_signal is None:
+                    self.stop_signal, self.stop_reason = signal.SIGHUP, reason
+            else:
+                ready.append(fd)
         if self.stop_signal is not None:
-            raise Interrupted(self.stop_signal)
-        return r
+            raise Interrupted(self.stop_signal, self.stop_reason)
+        return ready
 
     # -- stale state ----------------------------------------------------
     def reap(self, slot, scope):
@@ -447,6 +569,8 @@ class Launcher:
             _ensure_dir(os.path.join(state, sub), 0o700)
         _ensure_dir(paths["workspace"], 0o700, uid=slot["uid_base"])
         _ensure_dir(paths["agent_state"], 0o700, uid=slot["uid_base"])
+        for parts in argvmod.alias_mountpoints(p):
+            _ensure_dir_beneath(paths["agent_state"], parts, 0o755, slot["uid_base"])
         if not shared_network:
             servers, search = resolver.host_upstream(p["dns_servers"], p["dns_search"])
             _ensure_dir(paths["net_dir"], 0o755)
@@ -729,6 +853,8 @@ class Launcher:
         scope = resolve_scope(p)
         wait = p["claim_timeout"] if timeout is None else timeout
         t0 = time.monotonic()
+        if self.caller:
+            self.debug("run requested by %s" % self.caller)
         self.install_signals()
         try:
             try:
@@ -739,6 +865,8 @@ class Launcher:
                 log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(n for n, dummy in locks), wait))
                 return EXIT_BUSY
             except Interrupted as exc:
+                if exc.reason:
+                    log("%s; giving up waiting for a slot (exit %d, as on SIGHUP)" % (exc.reason, 128 + exc.signum))
                 return 128 + exc.signum
             slot = next(s for s in slots if s["name"] == name)
             try:
@@ -804,7 +932,11 @@ class Launcher:
                     self.sleep(3600, [pidfd])
             rc = proc.returncode
         except Interrupted as exc:
-            log("slot %s: stopping on signal %d" % (slot["name"], exc.signum))
+            if exc.reason:
+                log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)" % (slot["name"], exc.reason,
+                                                                             128 + exc.signum))
+            else:
+                log("slot %s: stopping on signal %d" % (slot["name"], exc.signum))
             rc = 128 + exc.signum
         except RuntimeLimit:
             log("slot %s: runtime_max of %gs reached; stopping the cell (exit %d)" % (slot["name"], runtime_max,

@@ -1,0 +1,326 @@
+"""The agent's way in: non-root `chv-cell run|status` through sudo.
+
+Members of the agent group (role variable ``chv_cell_agent_group``) may run
+exactly one program as root, ``chv-cell-agent`` next to ``chv-cell``
+(/usr/lib/chv-fleet/chv-cell-agent), through a sudoers drop-in that allows
+it with ANY arguments.  So this module, not sudo, decides what a caller may
+ask for:
+
+- ``parse_agent_args`` (pure) accepts only ``run [--slot NAME] [--timeout S]
+  [--runtime-max S] [--shared-network] [-v] -- CMD...`` and ``status``; every
+  other argument list raises ``Refused`` (exit 78, nothing touched).
+  ``--shared-network`` passes this filter but is refused afterwards unless
+  the policy's ``allow_shared_network`` is true.  There is no ``--policy``:
+  the agent always reads ``policy.DEFAULT_POLICY_PATH``.
+- ``main`` (the ``chv-cell-agent`` entry point) additionally requires euid 0
+  and the caller's identity from sudo (``SUDO_UID``, ``SUDO_USER``): it is
+  refused when run directly, even by root (root runs ``chv-cell``).
+- ``delegate`` is what the public ``chv-cell`` does for a non-root user
+  asking for ``run`` or ``status``: it refuses ``--policy`` and a
+  ``--shared-network`` the (world-readable) policy forbids, applies the same
+  filter, checks with ``sudo -n -l`` that the user may run the agent, and
+  then execs ``sudo -n <agent> <canonical args>``; stdin, stdout, stderr and
+  the exit status pass through sudo unchanged.
+"""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+
+from . import policy as policymod
+
+EXIT_REFUSED = 78  # EX_CONFIG, as runner.EXIT_CONFIG: refused, nothing was started
+AGENT_NAME = "chv-cell-agent"
+SUDO = "/usr/bin/sudo"
+GROUP_VARIABLE = "chv_cell_agent_group"
+
+USAGE = ("usage: chv-cell run [--slot NAME] [--timeout SECONDS] [--runtime-max SECONDS] [-v] -- CMD... | "
+         "chv-cell status")
+
+_SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")  # as policy._SLOT_RE
+_SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
+TIMEOUT_MAX = 86400.0  # --timeout: at most a day of waiting for a slot
+
+AgentRequest = collections.namedtuple(
+    "AgentRequest", ["action", "slot", "timeout", "runtime_max", "shared_network", "verbose", "command"]
+)
+
+
+class Refused(Exception):
+    """The request is not one the agent entry point serves; ``str()`` says why."""
+
+
+def _seconds(option, value, lowest_exclusive):
+    """A plain decimal number of seconds for ``option`` (no sign, exponent,
+    inf or nan); at least 0, or above 0 when ``lowest_exclusive``."""
+    if not _SECONDS_RE.match(value):
+        raise Refused("%s needs a plain number of seconds, not %r" % (option, value))
+    v = float(value)
+    if lowest_exclusive and v <= 0:
+        raise Refused("%s must be > 0 seconds" % option)
+    limit = TIMEOUT_MAX if option == "--timeout" else policymod.RUNTIME_MAX_LIMIT
+    if v > limit:
+        raise Refused("%s %s is above the limit of %gs" % (option, value, limit))
+    return v
+
+
+_VALUE_OPTIONS = ("--slot", "--timeout", "--runtime-max")
+_FLAG_OPTIONS = {"-v": "verbose", "--verbose": "verbose", "--shared-network": "shared_network"}
+
+
+def parse_agent_args(args):
+    """Accept exactly ``["status"]`` or ``["run", OPTIONS..., "--", CMD...]``.
+
+    OPTIONS, each at most once, in any order: ``--slot NAME`` (NAME a slot
+    name, [a-z0-9][a-z0-9_-]{0,31}), ``--timeout S`` (0 to 86400),
+    ``--runtime-max S`` (> 0, at most a year), each also as ``--opt=VALUE``;
+    the flags ``-v``/``--verbose`` and ``--shared-network``.  S is a plain
+    decimal number.  The ``--`` is required and CMD must be non-empty with a
+    non-empty first word; everything after the first ``--`` is the payload's
+    argv, taken verbatim.  No abbreviations, no other option (``--policy``
+    in particular), no other subcommand.  Returns an AgentRequest; raises
+    Refused naming the first offending argument.
+    """
+    args = list(args)
+    if not args:
+        raise Refused("no subcommand given")
+    action, rest = args[0], args[1:]
+    if action == "status":
+        if rest:
+            raise Refused("status takes no arguments (got %r)" % rest[0])
+        return AgentRequest("status", None, None, None, False, False, [])
+    if action != "run":
+        raise Refused("only run and status are allowed here, not %r" % action)
+    if "--" not in rest:
+        raise Refused("run needs '--' before the command")
+    sep = rest.index("--")
+    opts, command = rest[:sep], rest[sep + 1:]
+    if not command or command[0] == "":
+        raise Refused("run needs a command after '--'")
+    got = {}
+    i = 0
+    while i < len(opts):
+        tok = opts[i]
+        if tok in _FLAG_OPTIONS:
+            key, value = _FLAG_OPTIONS[tok], True
+            i += 1
+        else:
+            name, eq, value = tok.partition("=")
+            if name not in _VALUE_OPTIONS:
+                if tok.startswith("-"):
+                    raise Refused("option %r is not allowed (allowed: --slot, --timeout, --runtime-max, -v, "
+                                  "--shared-network)" % tok)
+                raise Refused("unexpected argument %r before '--'" % tok)
+            if not eq:
+                if i + 1 >= len(opts):
+                    raise Refused("%s needs a value" % name)
+                value = opts[i + 1]
+                i += 2
+            else:
+                i += 1
+            key = name[2:].replace("-", "_")
+            if name == "--slot":
+                if not _SLOT_RE.match(value):
+                    raise Refused("--slot %r is not a slot name" % value)
+            else:
+                value = _seconds(name, value, lowest_exclusive=(name == "--runtime-max"))
+        if key in got:
+            raise Refused("%s given twice" % tok.partition("=")[0])
+        got[key] = value
+    return AgentRequest("run", got.get("slot"), got.get("timeout"), got.get("runtime_max"),
+                        bool(got.get("shared_network")), bool(got.get("verbose")), command)
+
+
+def render_agent_args(req):
+    """The canonical argument list of ``req`` (what the wrapper passes to the
+    agent); ``parse_agent_args(render_agent_args(r)) == r`` for every request
+    that parse_agent_args returned (seconds to 1e-9 otherwise)."""
+    if req.action == "status":
+        return ["status"]
+    out = ["run"]
+    if req.slot is not None:
+        out += ["--slot", req.slot]
+    if req.timeout is not None:
+        out += ["--timeout", _fmt(req.timeout)]
+    if req.runtime_max is not None:
+        out += ["--runtime-max", _fmt(req.runtime_max)]
+    if req.shared_network:
+        out.append("--shared-network")
+    if req.verbose:
+        out.append("-v")
+    return out + ["--"] + list(req.command)
+
+
+def _fmt(seconds):
+    """Seconds as a plain decimal with at most 9 fraction digits (what
+    _seconds accepts); a value parsed from such a string reads back equal."""
+    return ("%.9f" % seconds).rstrip("0").rstrip(".")
+
+
+Caller = collections.namedtuple("Caller", ["user", "uid"])
+
+
+def caller_from_env(environ, euid):
+    """The user sudo ran the agent for.  Requires euid 0 and SUDO_UID (digits)
+    and SUDO_USER (non-empty), which sudo sets itself (the sudoers drop-in
+    resets the environment).  Raises Refused otherwise, including when root
+    runs the agent directly (no SUDO_UID)."""
+    if euid != 0:
+        raise Refused("%s runs only as root, through sudo (members of the agent group, role variable %s); "
+                      "use chv-cell run" % (AGENT_NAME, GROUP_VARIABLE))
+    uid, user = environ.get("SUDO_UID", ""), environ.get("SUDO_USER", "")
+    if not uid or not user:
+        raise Refused("%s is started only by sudo (SUDO_UID/SUDO_USER are not set); as root run chv-cell "
+                      "directly" % AGENT_NAME)
+    if not uid.isdigit() or "\n" in user:
+        raise Refused("SUDO_UID %r / SUDO_USER %r do not name a user" % (uid, user))
+    return Caller(user, int(uid))
+
+
+def main(args=None, environ=None, euid=None):
+    """The ``chv-cell-agent`` entry point (root, through sudo).
+
+    Order: the argument filter, then the caller check, then the policy at
+    ``policy.DEFAULT_POLICY_PATH`` (always; there is no override), then the
+    ``--shared-network`` check against ``allow_shared_network``; any refusal
+    exits 78 with one ``chv-cell: ...`` line before a slot is claimed or a
+    file written.  Then it runs like ``chv-cell run`` / ``chv-cell status``
+    (with ``-v`` the launcher names the caller)."""
+    from . import cli, runner  # noqa: PLC0415 (cli imports this module)
+
+    args = sys.argv[1:] if args is None else args
+    environ = os.environ if environ is None else environ
+    euid = os.geteuid() if euid is None else euid
+    try:
+        req = parse_agent_args(args)
+        caller = caller_from_env(environ, euid)
+    except Refused as exc:
+        runner.log("%s: %s; %s" % (AGENT_NAME, exc, USAGE))
+        return EXIT_REFUSED
+    path = policymod.DEFAULT_POLICY_PATH
+    try:
+        pol = policymod.load(path)
+    except policymod.PolicyError as exc:
+        for e in exc.errors:
+            runner.log(e)
+        return EXIT_REFUSED
+    if req.shared_network and not pol["allow_shared_network"]:
+        runner.log(runner.SHARED_NETWORK_REFUSAL)
+        return EXIT_REFUSED
+    if req.action == "status":
+        return cli.print_status(pol)
+    who = "%s (uid %d) through sudo" % (caller.user, caller.uid)
+    launcher = runner.Launcher(pol, verbose=req.verbose, caller=who)
+    return launcher.run(req.command, slot_name=req.slot, timeout=req.timeout, shared_network=req.shared_network,
+                        runtime_max=req.runtime_max)
+
+
+# ---------------------------------------------------------------- the wrapper side
+def split_top(args):
+    """Split ``chv-cell`` arguments at the subcommand.
+
+    Returns (verbose, policy_given, action, rest) when everything before the
+    first non-option word is ``-v``/``--verbose`` or ``--policy FILE`` /
+    ``--policy=FILE``; None for any other leading option (``-h`` included),
+    so that argparse handles (and reports) it."""
+    verbose = policy_given = False
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-v", "--verbose"):
+            verbose = True
+        elif a == "--policy":
+            policy_given = True
+            i += 1
+        elif a.startswith("--policy="):
+            policy_given = True
+        elif a.startswith("-"):
+            return None
+        else:
+            return verbose, policy_given, a, args[i + 1:]
+        i += 1
+    return None
+
+
+def agent_path():
+    """``chv-cell-agent`` in the directory that holds this package, which is
+    the directory of the running ``chv-cell`` (/usr/lib/chv-fleet)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), AGENT_NAME)
+
+
+def sudo_argv(agent, agent_args, sudo=SUDO):
+    """The command a non-root ``chv-cell`` execs: ``sudo -n AGENT ARGS``."""
+    return [sudo, "-n", agent] + list(agent_args)
+
+
+def delegate(verbose, policy_given, action, rest, sudo=SUDO, agent=None, policy_path=None, execv=os.execv):
+    """Non-root ``chv-cell [-v] run|status ...``: refuse what the agent would
+    refuse (exit 78, one message, nothing started), then exec sudo.
+
+    ``--policy`` is refused (the agent reads only the installed policy);
+    ``--shared-network`` is refused unless the installed policy (readable by
+    everyone) allows it; a top-level ``-v`` moves after ``run`` (``status``
+    has no -v).  Before exec, ``sudo -n -l AGENT`` must succeed: otherwise
+    the user is not allowed to run cells and the message says so (and names
+    the agent group variable).  Returns an exit code only when refusing."""
+    from . import runner  # noqa: PLC0415
+
+    agent = agent or agent_path()
+    policy_path = policy_path or policymod.DEFAULT_POLICY_PATH
+    if policy_given:
+        runner.log("--policy is not allowed for a non-root user: cells run through sudo with the installed "
+                   "policy %s only" % policymod.DEFAULT_POLICY_PATH)
+        return EXIT_REFUSED
+    if action == "run" and verbose:
+        rest = ["-v"] + list(rest)
+    try:
+        req = parse_agent_args([action] + list(rest))
+    except Refused as exc:
+        runner.log("%s; %s" % (exc, USAGE))
+        return EXIT_REFUSED
+    if req.shared_network:
+        try:
+            allowed = policymod.load(policy_path)["allow_shared_network"]
+        except policymod.PolicyError as exc:
+            for e in exc.errors:
+                runner.log(e)
+            return EXIT_REFUSED
+        if not allowed:
+            runner.log(runner.SHARED_NETWORK_REFUSAL)
+            return EXIT_REFUSED
+    user = _user_name()
+    problem = sudo_problem(sudo, agent)
+    if problem:
+        runner.log("user %s (uid %d) is not allowed to run cells: %s. Cells run through sudo for members of "
+                   "the agent group (role variable %s)" % (user, os.getuid(), problem, GROUP_VARIABLE))
+        return EXIT_REFUSED
+    execv(sudo, sudo_argv(agent, render_agent_args(req), sudo))
+    return EXIT_REFUSED  # only reached with a test's execv
+
+
+def sudo_problem(sudo, agent):
+    """None when ``sudo -n -l AGENT`` says this user may run AGENT without a
+    password; otherwise what went wrong (sudo missing, or its answer)."""
+    if not os.access(sudo, os.X_OK):
+        return "%s is not installed" % sudo
+    try:
+        r = subprocess.run([sudo, "-n", "-l", agent], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "cannot run %s: %s" % (sudo, exc)
+    if r.returncode != 0:
+        said = " ".join(r.stdout.decode(errors="replace").split()) or "exit %d" % r.returncode
+        return "sudo -n refuses %s (%s)" % (agent, said)
+    return None
+
+
+def _user_name():
+    """This process's user name (the uid as text when it has none)."""
+    import pwd  # noqa: PLC0415
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

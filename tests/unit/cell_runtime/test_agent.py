@@ -1,0 +1,461 @@
+"""The agent's way in (chv_cell/agent.py): the argument filter of the
+root-only chv-cell-agent, the caller check, the non-root chv-cell's
+delegation to sudo, and the launcher's disconnect detection (runner)."""
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chv_cell import agent
+from chv_cell import cli
+from chv_cell import policy as policymod
+from chv_cell import runner
+from conftest import FILES
+
+SUDO_ENV = {"SUDO_UID": "1000", "SUDO_USER": "chv"}
+
+
+# ---------------------------------------------------------------- the filter
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["status"], agent.AgentRequest("status", None, None, None, False, False, [])),
+        (["run", "--", "true"], agent.AgentRequest("run", None, None, None, False, False, ["true"])),
+        (["run", "--slot", "slot1", "--timeout", "2.5", "--runtime-max", "60", "-v", "--", "sh", "-c", "x"],
+         agent.AgentRequest("run", "slot1", 2.5, 60.0, False, True, ["sh", "-c", "x"])),
+        (["run", "--slot=slot0", "--timeout=0", "--runtime-max=0.5", "--verbose", "--shared-network", "--", "a"],
+         agent.AgentRequest("run", "slot0", 0.0, 0.5, True, True, ["a"])),
+        # everything after the first -- is the payload's, verbatim
+        (["run", "--", "--policy", "/x", "--", "status"],
+         agent.AgentRequest("run", None, None, None, False, False, ["--policy", "/x", "--", "status"])),
+    ],
+)
+def test_allowed_shapes(args, expected):
+    assert agent.parse_agent_args(args) == expected
+    # the canonical form the wrapper passes on parses back to the same request
+    assert agent.parse_agent_args(agent.render_agent_args(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "no subcommand"),
+        (["argv", "--", "true"], "only run and status"),
+        (["validate-policy", "/x"], "only run and status"),
+        (["--policy", "/x", "run", "--", "true"], "only run and status"),
+        (["run", "--policy=/x", "--", "true"], "'--policy=/x' is not allowed"),
+        (["run", "--policy", "/x", "--", "true"], "'--policy' is not allowed"),
+        (["run", "--pol", "/x", "--", "true"], "'--pol' is not allowed"),
+        (["run", "--"], "needs a command"),
+        (["run", "--", ""], "needs a command"),
+        (["run", "true"], "needs '--'"),
+        (["run"], "needs '--'"),
+        (["status", "--policy", "x"], "status takes no arguments"),
+        (["status", "-v"], "status takes no arguments"),
+        (["run", "--slot", "--", "true"], "--slot needs a value"),
+        (["run", "--slot", "../x", "--", "true"], "not a slot name"),
+        (["run", "--slot", "a", "--slot", "b", "--", "true"], "given twice"),
+        (["run", "-v", "--verbose", "--", "true"], "given twice"),
+        (["run", "--timeout", "-1", "--", "true"], "plain number"),
+        (["run", "--timeout", "nan", "--", "true"], "plain number"),
+        (["run", "--timeout", "1e3", "--", "true"], "plain number"),
+        (["run", "--timeout", "86401", "--", "true"], "above the limit"),
+        (["run", "--runtime-max", "0", "--", "true"], "must be > 0"),
+        (["run", "--timeout", "--", "true"], "--timeout needs a value"),
+        (["run", "--timeout"], "needs '--'"),
+        (["run", "-h", "--", "true"], "'-h' is not allowed"),
+        (["run", "-vv", "--", "true"], "'-vv' is not allowed"),
+        (["run", "slot0", "--", "true"], "unexpected argument 'slot0'"),
+        (["run", "--verbose=1", "--", "true"], "'--verbose=1' is not allowed"),
+    ],
+)
+def test_refused_shapes(args, says):
+    with pytest.raises(agent.Refused) as exc:
+        agent.parse_agent_args(args)
+    assert says in str(exc.value)
+
+
+def oracle(args):
+    """An independent statement of the allowed shape (regex per token)."""
+    import re
+
+    if args == ["status"]:
+        return True
+    if not args or args[0] != "run" or "--" not in args[1:]:
+        return False
+    sep = args.index("--", 1)
+    opts, cmd = args[1:sep], args[sep + 1:]
+    if not cmd or not cmd[0]:
+        return False
+    num = r"[0-9]{1,9}(\.[0-9]{1,9})?"
+    value_ok = {
+        "--slot": lambda v: re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", v),
+        "--timeout": lambda v: re.fullmatch(num, v) and float(v) <= 86400,
+        "--runtime-max": lambda v: re.fullmatch(num, v) and 0 < float(v) <= policymod.RUNTIME_MAX_LIMIT,
+    }
+    seen = set()
+    i = 0
+    while i < len(opts):
+        t = opts[i]
+        if t in ("-v", "--verbose", "--shared-network"):
+            key, i = ("-v" if t == "--verbose" else t), i + 1
+        elif t in value_ok and i + 1 < len(opts) and value_ok[t](opts[i + 1]):
+            key, i = t, i + 2
+        elif "=" in t and t.split("=", 1)[0] in value_ok and value_ok[t.split("=", 1)[0]](t.split("=", 1)[1]):
+            key, i = t.split("=", 1)[0], i + 1
+        else:
+            return False
+        if key in seen:
+            return False
+        seen.add(key)
+    return True
+
+
+TOKENS = ["run", "status", "argv", "validate-policy", "--", "-v", "--verbose", "--policy", "--policy=/x", "/x",
+          "--shared-network", "--slot", "--slot=slot0", "slot0", "--timeout", "--timeout=1", "1", "0", "-1", "1e9",
+          "--runtime-max", "0.5", "-h", "--help", "--pol", "", "true", "sh", "-c", "--json", "x=y", "--slot=", "nan"]
+
+
+def _accepted(args):
+    try:
+        agent.parse_agent_args(args)
+    except agent.Refused:
+        return False
+    return True
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(TOKENS), max_size=9))
+def test_filter_matches_the_oracle_on_dangerous_tokens(args):
+    assert _accepted(args) == oracle(args), args
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.text(max_size=12), max_size=8))
+def test_random_argv_never_passes_unless_of_the_allowed_shape(args):
+    ok = _accepted(args)
+    assert ok == oracle(args), args
+    if ok:
+        req = agent.parse_agent_args(args)
+        before = args[:args.index("--")] if "--" in args else args
+        assert not any(a.startswith("--policy") for a in before)
+        assert agent.parse_agent_args(agent.render_agent_args(req)) == req
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    slot=st.none() | st.from_regex(r"\A[a-z0-9][a-z0-9_-]{0,31}\Z"),
+    timeout=st.none() | st.floats(min_value=0, max_value=86400),
+    runtime=st.none() | st.floats(min_value=1e-6, max_value=policymod.RUNTIME_MAX_LIMIT),
+    shared=st.booleans(),
+    verbose=st.booleans(),
+    command=st.lists(st.text(), min_size=1).filter(lambda c: c[0] != ""),
+)
+def test_every_valid_request_round_trips(slot, timeout, runtime, shared, verbose, command):
+    req = agent.AgentRequest("run", slot, timeout, runtime, shared, verbose, command)
+    got = agent.parse_agent_args(agent.render_agent_args(req))
+    assert got.slot == slot and got.command == command and got.shared_network == shared and got.verbose == verbose
+    for a, b in ((got.timeout, timeout), (got.runtime_max, runtime)):
+        assert (a is None) == (b is None) and (a is None or abs(a - b) <= 1e-9 * max(1.0, b)), (a, b)
+
+
+# ---------------------------------------------------------------- the caller
+def test_caller_comes_from_sudo():
+    assert agent.caller_from_env(SUDO_ENV, 0) == agent.Caller("chv", 1000)
+    with pytest.raises(agent.Refused, match="runs only as root, through sudo"):
+        agent.caller_from_env(SUDO_ENV, 1000)
+    with pytest.raises(agent.Refused, match="started only by sudo"):
+        agent.caller_from_env({}, 0)  # root running the agent directly
+    with pytest.raises(agent.Refused, match="started only by sudo"):
+        agent.caller_from_env({"SUDO_UID": "1000"}, 0)
+    with pytest.raises(agent.Refused, match="do not name a user"):
+        agent.caller_from_env({"SUDO_UID": "x", "SUDO_USER": "chv"}, 0)
+
+
+def _policy_file(tmp_path, raw_policy, **kw):
+    raw_policy.update(kw)
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps(raw_policy))
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    "args, env, euid, says",
+    [
+        (["run", "--policy=/x", "--", "true"], SUDO_ENV, 0, "'--policy=/x' is not allowed"),
+        (["argv", "--", "true"], SUDO_ENV, 0, "only run and status"),
+        (["run", "--", "true"], {}, 0, "started only by sudo"),
+        (["run", "--", "true"], SUDO_ENV, 1000, "runs only as root"),
+    ],
+)
+def test_agent_main_refuses_before_reading_anything(monkeypatch, capsys, args, env, euid, says):
+    # the policy path points nowhere: a refusal must come before it is read
+    monkeypatch.setattr(policymod, "DEFAULT_POLICY_PATH", "/nonexistent/chv-policy.json")
+    assert agent.main(args, env, euid) == 78
+    err = capsys.readouterr().err
+    assert says in err and "usage: chv-cell run" in err and "cannot read" not in err
+
+
+def test_agent_main_reads_only_the_installed_policy(monkeypatch, capsys, tmp_path, raw_policy):
+    monkeypatch.setattr(policymod, "DEFAULT_POLICY_PATH", "/nonexistent/chv-policy.json")
+    assert agent.main(["status"], SUDO_ENV, 0) == 78
+    assert "cannot read /nonexistent/chv-policy.json" in capsys.readouterr().err
+    # control: the installed policy is read and status answers
+    monkeypatch.setattr(policymod, "DEFAULT_POLICY_PATH", _policy_file(tmp_path, raw_policy))
+    assert agent.main(["status"], SUDO_ENV, 0) == 0
+    out = capsys.readouterr().out
+    assert out.split("\n")[0].split()[0] == "slot0" and out.count("idle") == 2
+
+
+def test_agent_main_shared_network_only_when_the_policy_allows(monkeypatch, capsys, tmp_path, raw_policy):
+    started = []
+    monkeypatch.setattr(runner.Launcher, "run", lambda self, *a, **kw: started.append((self.caller, kw)) or 0)
+    monkeypatch.setattr(policymod, "DEFAULT_POLICY_PATH", _policy_file(tmp_path, raw_policy))
+    assert agent.main(["run", "--shared-network", "--", "true"], SUDO_ENV, 0) == 78
+    assert "chv_cell_allow_shared_network" in capsys.readouterr().err and not started
+    # control: the same request under a policy that allows it reaches the launcher, naming the caller
+    monkeypatch.setattr(policymod, "DEFAULT_POLICY_PATH",
+                        _policy_file(tmp_path, raw_policy, allow_shared_network=True))
+    assert agent.main(["run", "--shared-network", "--slot", "slot1", "--", "true"], SUDO_ENV, 0) == 0
+    assert started == [("chv (uid 1000) through sudo",
+                        {"slot_name": "slot1", "timeout": None, "shared_network": True, "runtime_max": None})]
+
+
+# ---------------------------------------------------------------- the wrapper
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["run", "--", "x"], (False, False, "run", ["--", "x"])),
+        (["-v", "--policy", "/p", "run", "--", "x"], (True, True, "run", ["--", "x"])),
+        (["--policy=/p", "status"], (False, True, "status", [])),
+        (["-h"], None),
+        (["--pol", "/p", "run"], None),
+        (["-v"], None),
+    ],
+)
+def test_split_top(args, expected):
+    assert agent.split_top(args) == expected
+
+
+class FakeExec(Exception):
+    pass
+
+
+def _fake_exec(calls):
+    def execv(path, argv):
+        calls.append((path, argv))
+        raise FakeExec()
+    return execv
+
+
+def _fake_sudo(tmp_path, allowed):
+    """An executable standing in for sudo: `-n -l AGENT` answers as a sudo
+    that allows (or refuses) this user."""
+    p = tmp_path / "sudo"
+    p.write_text("#!/bin/sh\n%s\n" % ("echo \"$3\"; exit 0" if allowed else
+                                      "echo 'sudo: a password is required' >&2; exit 1"))
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_delegate_execs_sudo_with_the_canonical_arguments(tmp_path, raw_policy):
+    calls = []
+    sudo = _fake_sudo(tmp_path, True)
+    with pytest.raises(FakeExec):
+        agent.delegate(True, False, "run", ["--slot=slot1", "--", "sh", "-c", "exit 7"], sudo=sudo,
+                       agent="/usr/lib/chv-fleet/chv-cell-agent", execv=_fake_exec(calls))
+    assert calls == [(sudo, [sudo, "-n", "/usr/lib/chv-fleet/chv-cell-agent", "run", "--slot", "slot1", "-v", "--",
+                             "sh", "-c", "exit 7"])]
+    calls.clear()
+    with pytest.raises(FakeExec):
+        agent.delegate(True, False, "status", [], sudo=sudo, agent="/a", execv=_fake_exec(calls))
+    assert calls == [(sudo, [sudo, "-n", "/a", "status"])]
+
+
+@pytest.mark.parametrize(
+    "top, says",
+    [
+        ((False, True, "run", ["--", "true"]), "--policy is not allowed for a non-root user"),
+        ((False, True, "status", []), "--policy is not allowed for a non-root user"),
+        ((False, False, "run", ["--policy=/x", "--", "true"]), "'--policy=/x' is not allowed"),
+        ((False, False, "run", ["--"]), "needs a command"),
+        ((False, False, "status", ["--policy", "x"]), "status takes no arguments"),
+        ((False, False, "run", ["--shared-network", "--", "true"]), "chv_cell_allow_shared_network"),
+    ],
+)
+def test_delegate_refuses_up_front(tmp_path, raw_policy, capsys, top, says):
+    calls = []
+    pol = _policy_file(tmp_path, raw_policy)
+    assert agent.delegate(*top, sudo=_fake_sudo(tmp_path, True), agent="/a", policy_path=pol,
+                          execv=_fake_exec(calls)) == 78
+    assert says in capsys.readouterr().err and calls == []
+
+
+def test_delegate_shared_network_when_the_policy_allows(tmp_path, raw_policy):
+    calls = []
+    pol = _policy_file(tmp_path, raw_policy, allow_shared_network=True)
+    with pytest.raises(FakeExec):
+        agent.delegate(False, False, "run", ["--shared-network", "--", "true"], sudo=_fake_sudo(tmp_path, True),
+                       agent="/a", policy_path=pol, execv=_fake_exec(calls))
+    assert calls[0][1][3:] == ["run", "--shared-network", "--", "true"]
+
+
+def test_delegate_not_allowed_names_the_group_variable(tmp_path, capsys):
+    calls = []
+    assert agent.delegate(False, False, "run", ["--", "true"], sudo=_fake_sudo(tmp_path, False), agent="/a",
+                          execv=_fake_exec(calls)) == 78
+    err = capsys.readouterr().err
+    assert "is not allowed to run cells" in err and "chv_cell_agent_group" in err
+    assert "a password is required" in err and calls == []
+    assert agent.delegate(False, False, "run", ["--", "true"], sudo=str(tmp_path / "nosudo"), agent="/a",
+                          execv=_fake_exec(calls)) == 78
+    err = capsys.readouterr().err
+    assert "is not installed" in err and "chv_cell_agent_group" in err and calls == []
+
+
+def test_cli_non_root_run_goes_to_sudo_other_subcommands_do_not(monkeypatch, tmp_path, raw_policy, capsys):
+    seen = []
+    monkeypatch.setattr(agent, "delegate", lambda *a: seen.append(a) or 42)
+    pol = _policy_file(tmp_path, raw_policy)
+    assert cli.main(["-v", "run", "--", "true"], euid=1000) == 42
+    assert cli.main(["status"], euid=1000) == 42
+    assert seen == [(True, False, "run", ["--", "true"]), (False, False, "status", [])]
+    # argv and validate-policy only read: no sudo, --policy allowed
+    assert cli.main(["--policy", pol, "argv", "--", "true"], euid=1000) == 0
+    assert cli.main(["validate-policy", pol], euid=1000) == 0
+    assert len(seen) == 2
+    # a form the pre-scan does not know (argparse reads -vv as -v) never reaches the launcher as non-root
+    monkeypatch.setattr(runner.Launcher, "run", lambda *a, **kw: pytest.fail("launcher reached"))
+    assert cli.main(["-vv", "--policy", pol, "run", "--", "true"], euid=1000) == 78
+    assert "as a non-root user, run and status take exactly this form" in capsys.readouterr().err
+    assert len(seen) == 2
+
+
+def test_cli_root_is_unchanged(monkeypatch, tmp_path, raw_policy):
+    got = []
+    monkeypatch.setattr(runner.Launcher, "run", lambda self, cmd, **kw: got.append((self.verbose, cmd, kw)) or 5)
+    monkeypatch.setattr(agent, "delegate", lambda *a: pytest.fail("root must not go through sudo"))
+    pol = _policy_file(tmp_path, raw_policy)
+    assert cli.main(["--policy", pol, "run", "-v", "--slot", "slot0", "--", "true"], euid=0) == 5
+    assert got == [(True, ["true"], {"slot_name": "slot0", "timeout": None, "shared_network": False,
+                                     "runtime_max": None})]
+
+
+def test_agent_path_is_next_to_chv_cell():
+    assert agent.agent_path() == os.path.join(FILES, "chv-cell-agent")
+    assert os.access(agent.agent_path(), os.X_OK)
+    with open(agent.agent_path()) as fh:
+        assert fh.readline() == "#!/usr/bin/python3 -I\n"
+
+
+def test_agent_entry_point_refuses_root_without_sudo():
+    env = {"PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-I", agent.agent_path(), "run", "--policy", "/x", "--", "true"],
+                       capture_output=True, text=True, env=env, check=False)
+    assert r.returncode == 78 and "'--policy' is not allowed" in r.stderr
+    r = subprocess.run([sys.executable, "-I", agent.agent_path(), "status"], capture_output=True, text=True, env=env,
+                       check=False)
+    assert r.returncode == 78
+    assert ("runs only as root" if os.geteuid() else "started only by sudo") in r.stderr
+
+
+# ---------------------------------------------------------------- disconnects
+def test_hangup_reason():
+    assert runner.hangup_reason(1, select.POLLOUT) is None
+    assert runner.hangup_reason(1, select.POLLNVAL) is None
+    assert "stdout has no reader" in runner.hangup_reason(1, select.POLLERR | select.POLLOUT)
+    assert "stderr closed" in runner.hangup_reason(2, select.POLLHUP)
+
+
+def _launcher(policy, fd):
+    la = runner.Launcher(policy, watch_fds=[fd])
+    la.install_signals()
+    return la
+
+
+def test_sleep_stops_when_the_pipe_reader_goes_away(policy):
+    r, w = os.pipe()
+    la = _launcher(policy, w)
+    try:
+        assert la.sleep(0.05) == []  # control: reader still there
+        os.close(r)
+        with pytest.raises(runner.Interrupted) as exc:
+            la.sleep(5)
+        assert exc.value.signum == signal.SIGHUP and "has no reader" in exc.value.reason
+    finally:
+        la.restore_signals()
+        os.close(w)
+
+
+def test_sleep_stops_when_the_socket_peer_closes(policy):
+    a, b = socket.socketpair()
+    la = _launcher(policy, b.fileno())
+    try:
+        a.shutdown(socket.SHUT_WR)  # the peer's EOF alone (stdin ended) is not a hangup
+        assert la.sleep(0.05) == []
+        a.close()
+        with pytest.raises(runner.Interrupted) as exc:
+            la.sleep(5)
+        assert exc.value.signum == signal.SIGHUP and "closed (POLLHUP)" in exc.value.reason
+    finally:
+        la.restore_signals()
+        b.close()
+
+
+@pytest.mark.parametrize("target", ["devnull", "file"])
+def test_sleep_never_stops_for_a_file_or_dev_null(policy, tmp_path, target):
+    path = os.devnull if target == "devnull" else str(tmp_path / "out")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    la = _launcher(policy, fd)
+    try:
+        assert la.sleep(0.1) == []
+    finally:
+        la.restore_signals()
+        os.close(fd)
+
+
+def test_sleep_still_returns_ready_fds(policy):
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    la = _launcher(policy, w2)
+    try:
+        os.write(w, b"x")
+        assert la.sleep(5, [r]) == [r]
+    finally:
+        la.restore_signals()
+        for fd in (r, w, r2, w2):
+            os.close(fd)
+
+
+def test_hangup_watch_fds_skips_closed_fds():
+    r, w = os.pipe()
+    os.close(w)
+    assert runner.hangup_watch_fds((r, w)) == [r]
+    os.close(r)
+
+
+# ---------------------------------------------------------------- alias mount points
+def test_alias_mount_point_created_beneath_without_following_symlinks(tmp_path):
+    base = tmp_path / "state"
+    base.mkdir()
+    runner._ensure_dir_beneath(str(base), ["a", "b"], 0o755, os.getuid())
+    assert (base / "a" / "b").is_dir() and (base / "a").stat().st_mode & 0o777 == 0o755
+    runner._ensure_dir_beneath(str(base), ["a", "b"], 0o755, os.getuid())  # existing: fine
+    # a symlink planted where the mount point goes is refused, and nothing is created at its target
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (base / "ws").symlink_to(outside)
+    with pytest.raises(runner.SetupError, match="is a symlink or not a directory"):
+        runner._ensure_dir_beneath(str(base), ["ws", "x"], 0o755, os.getuid())
+    assert list(outside.iterdir()) == []
+    (base / "f").write_text("")
+    with pytest.raises(runner.SetupError, match="f .mount point of a workspace alias. is a symlink"):
+        runner._ensure_dir_beneath(str(base), ["f"], 0o755, os.getuid())

@@ -104,7 +104,7 @@ options:
   door_dir:
     description:
       - Directory whose C(*.nft) files the ruleset includes after the table, for other roles to add
-        socket owner UIDs to the set C(door_uids) (chv.fleet.browser adds chv-browser's). Empty: no include.
+        socket owner UIDs to the set C(door_uids) (chv.fleet.browser adds chv-browser's); empty means no include.
     type: path
     default: ''
   var_prefix:

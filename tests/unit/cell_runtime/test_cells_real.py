@@ -359,9 +359,9 @@ def test_shared_network_refused_unless_the_policy_allows_it(env):
 
 # ---------------------------------------------------------------- fail closed: ruleset
 MIN_TABLE = """table inet chv_cell {
-	set cell_ifs { type ifname; %s }
-	chain forward { type filter hook forward priority filter; policy accept; }
-	chain input { type filter hook input priority filter; policy accept; }
+    set cell_ifs { type ifname; %s }
+    chain forward { type filter hook forward priority filter; policy accept; }
+    chain input { type filter hook input priority filter; policy accept; }
 }
 """
 

@@ -11,6 +11,7 @@ would refuse at run time is refused at deploy time.
 import copy
 import ipaddress
 import json
+import math
 import re
 
 from . import limits as limitsmod
@@ -509,7 +510,7 @@ def effective_runtime_max(policy_max, requested):
     """
     if requested is None:
         return policy_max
-    if isinstance(requested, bool) or not isinstance(requested, (int, float)) or requested != requested:
+    if isinstance(requested, bool) or not isinstance(requested, (int, float)) or math.isnan(requested):
         raise ValueError("--runtime-max must be a number of seconds")
     if requested <= 0:
         if policy_max:

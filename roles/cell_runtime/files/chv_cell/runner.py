@@ -939,8 +939,8 @@ class Launcher:
                 log("slot %s: stopping on signal %d" % (slot["name"], exc.signum))
             rc = 128 + exc.signum
         except RuntimeLimit:
-            log("slot %s: runtime_max of %gs reached; stopping the cell (exit %d)" % (slot["name"], runtime_max,
-                                                                                       EXIT_RUNTIME))
+            log("slot %s: runtime_max of %gs reached; stopping the cell (exit %d)"
+                % (slot["name"], runtime_max, EXIT_RUNTIME))
             rc = EXIT_RUNTIME
         except (SetupError, resolver.ResolverError, OSError) as exc:
             log("slot %s: %s" % (slot["name"], exc))

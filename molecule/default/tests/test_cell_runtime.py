@@ -36,8 +36,9 @@ for k in ("CapEff", "CapBnd", "NoNewPrivs"): out[k] = st[k].strip()
 r = libc.syscall(425, 8, ctypes.create_string_buffer(120)); out["io_uring_setup"] = "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
 r = libc.syscall(39); out["getpid"] = "ok" if r == os.getpid() else "bad"
 attempt("read_etc_chv", lambda: rd("/etc/chv/molecule-secret"))
-attempt("read_credentials", lambda: rd("/root/.git-credentials"))
-attempt("read_ordinary", lambda: rd("/root/ordinary.txt"))
+out["home"] = os.environ.get("HOME")
+attempt("read_credentials", lambda: rd(os.environ["HOME"] + "/.git-credentials"))
+attempt("read_ordinary", lambda: rd(os.environ["HOME"] + "/ordinary.txt"))
 attempt("read_etc", lambda: rd("/etc/os-release"))
 attempt("write_usr", lambda: wr("/usr/chv-molecule"))
 attempt("write_workspace", lambda: wr("/workspace/probe.txt"))
@@ -113,6 +114,7 @@ def test_isolation_each_beside_its_control(host, policy):
     assert r.rc == 0, r.stderr
     p = json.loads(r.stdout)
     assert p["uid"] == 0 and p["uid_map"][:2] == ["0", str(s0["uid_base"])] and s0["uid_base"] > 0
+    assert p["home"] == policy["agent_state_mount"] == policy["agent_home"]  # the slot's state is the agent's HOME
     assert p["read_etc_chv"] == "EACCES" and p["read_credentials"] == "EACCES"
     assert p["read_ordinary"] == "ok" and p["read_etc"] == "ok"
     assert p["write_usr"] in ("EROFS", "EACCES") and p["write_workspace"] == "ok"

@@ -47,7 +47,9 @@ def ansible(inventory, *args):
                           capture_output=True, text=True, check=False,
                           env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                                    ANSIBLE_STDOUT_CALLBACK="ansible.builtin.oneline"))
-    return dict(re.findall(r"^(\S+) \| \S+ \| rc=\d+ \| \(stdout\) (.*)$", proc.stdout, re.M))
+    # the launcher's warnings (stderr; in the lab: limits not enforced) are reported once, not per line
+    return {h: out.split(" (stderr) ")[0] for h, out in
+            re.findall(r"^(\S+) \| \S+ \| rc=\d+ \| \(stdout\) (.*)$", proc.stdout, re.M)}
 
 
 def main():
@@ -81,13 +83,19 @@ def main():
                      "chv-cell run -- /usr/bin/python3 -c %s" % shlex.quote(PROBE))
     outside = ansible(inventory, "-m", "ansible.builtin.command", "-a",
                       "python3 %s '{\"op\": \"ping\"}'" % CLIENT)
+    # the executor's path: SSH as the agent user (not root), chv-cell through its sudo rule
+    agent = ansible(inventory, "-e", "ansible_user=chv", "-m", "ansible.builtin.command", "-a",
+                    "chv-cell run -- sh -c 'echo user=$USER home=$HOME slot=$CHV_SLOT'")
     for host in sorted(cell_hosts):
         print("%s: %s" % (host, probes.get(host, "probe failed")))
         print("%s: the same broker ping from a guest process outside any cell: %s"
               % (host, outside.get(host, "no chv-broker client")))
+        print("%s: as the agent user chv over SSH, `chv-cell run`: %s" % (host, agent.get(host, "failed")))
     print("(uid_map: cell root -> high guest UID; caps: effective set; nnp: no_new_privs;"
           " io_uring: syscall 425 result; etc_chv: /etc/chv inside the cell;"
           " broker: ping through /run/chv/broker.sock; playwright: import inside the cell)")
+    print("(lab guests get no cgroup controllers: cells run with chv_cell_require_limits false and chv-cell"
+          " warns that MemoryMax/TasksMax/CPUQuota are not enforced; docs/lab.md)")
     return 0
 
 

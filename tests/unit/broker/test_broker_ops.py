@@ -153,4 +153,3 @@ def test_package_file_lists_name_every_module():
             listed = [e["name"] if isinstance(e, dict) else e for e in yaml.safe_load(fh)[var]]
         on_disk = [f for f in os.listdir(os.path.join(roles, role, "files", package)) if f.endswith(".py")]
         assert sorted(listed) == sorted(on_disk), role
-

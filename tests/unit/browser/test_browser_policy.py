@@ -45,4 +45,3 @@ def test_truncate_bounds(text, max_lines, max_bytes):
     assert len(out.split("\n")) <= max_lines
     assert text.startswith(out)
     assert cut == (out != text)
-

@@ -933,8 +933,8 @@ class Launcher:
             rc = proc.returncode
         except Interrupted as exc:
             if exc.reason:
-                log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)" % (slot["name"], exc.reason,
-                                                                             128 + exc.signum))
+                log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)"
+                    % (slot["name"], exc.reason, 128 + exc.signum))
             else:
                 log("slot %s: stopping on signal %d" % (slot["name"], exc.signum))
             rc = 128 + exc.signum

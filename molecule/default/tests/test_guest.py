@@ -1,4 +1,10 @@
 """The lab guest Molecule converged is a real systemd machine reached over SSH."""
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
 
 
 def test_guest_runs_systemd_as_pid1(host):
@@ -29,3 +35,39 @@ def test_install_path_installed_what_the_image_lacked(host):
     installed = int(host.run("date -d '%s' +%%s" % " ".join(line.split()[:2])).stdout)
     minimal = host.backend.get_hostname().startswith("mins")
     assert (installed >= boot) == minimal, (line, boot)
+
+
+# The roles install their Python packages by a glob over <role>/files/<pkg>/*.py:
+# every module of the checkout, with the same bytes (links followed: chv_browser's
+# wire.py and protocol.py are the broker's), as regular root-owned files, a
+# script (first line "#!") executable. A module the copy missed would only show
+# as an ImportError on the guest.
+REPO = Path(__file__).parents[3]
+PACKAGES = [("cell_runtime", "chv_cell_lib_dir", "chv_cell"),
+            ("broker", "chv_broker_install_dir", "chv_broker"),
+            ("browser", "chv_browser_install_dir", "chv_browser")]
+GUEST_LISTING = (
+    "import hashlib, json, os, stat, sys\n"
+    "d = sys.argv[1]\n"
+    "out = {}\n"
+    "for n in sorted(os.listdir(d)):\n"
+    "    if n.endswith('.py'):\n"
+    "        st = os.lstat(os.path.join(d, n))\n"
+    "        with open(os.path.join(d, n), 'rb') as fh:\n"
+    "            digest = hashlib.sha256(fh.read()).hexdigest()\n"
+    "        out[n] = [digest, stat.S_ISREG(st.st_mode), oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid]\n"
+    "print(json.dumps(out))\n")
+
+
+@pytest.mark.parametrize("role,dir_var,package", PACKAGES, ids=[p[2] for p in PACKAGES])
+def test_every_module_of_the_package_is_installed(host, role, dir_var, package):
+    install_dir = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())[dir_var]
+    expected = {}
+    for src in sorted((REPO / "roles" / role / "files" / package).glob("*.py")):
+        content = src.read_bytes()
+        expected[src.name] = [hashlib.sha256(content).hexdigest(), True,
+                              "0o755" if content.startswith(b"#!") else "0o644", 0, 0]
+    assert "__init__.py" in expected and len(expected) >= 3, expected  # the controller side is the package
+    guest = json.loads(host.check_output("python3 -I -c %s %s", GUEST_LISTING, "%s/%s" % (install_dir, package)))
+    assert sorted(guest) == sorted(expected)
+    assert guest == expected

@@ -9,10 +9,7 @@ expects."""
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
-try:
-    from collections.abc import Mapping, Sequence
-except ImportError:  # pragma: no cover - Python 2
-    from collections import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean

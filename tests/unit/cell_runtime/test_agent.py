@@ -18,7 +18,7 @@ from chv_cell import agent
 from chv_cell import cli
 from chv_cell import policy as policymod
 from chv_cell import runner
-from conftest import FILES
+from cellrt import FILES
 
 SUDO_ENV = {"SUDO_UID": "1000", "SUDO_USER": "chv"}
 

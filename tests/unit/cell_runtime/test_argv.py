@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from chv_cell import argv as argvmod
 from chv_cell import cli
 from chv_cell import policy as policymod
-from conftest import BASE_POLICY
+from cellrt import BASE_POLICY
 
 NONE = frozenset()
 

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from conftest import ENTRY
+from cellrt import ENTRY
 
 pytestmark = [
     pytest.mark.cells,
@@ -557,7 +557,7 @@ def sudo_env(env):
     import pwd
     import tempfile
 
-    from conftest import FILES
+    from cellrt import FILES
 
     if not all(shutil.which(t) for t in ("sudo", "visudo", "useradd", "groupadd")):
         pytest.skip("sudo, visudo, useradd and groupadd are needed for the executor's path")

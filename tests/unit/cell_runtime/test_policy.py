@@ -10,7 +10,7 @@ from chv_cell import cli
 from chv_cell import policy as policymod
 import copy
 
-from conftest import BASE_POLICY, ENTRY, make_slot
+from cellrt import BASE_POLICY, ENTRY, make_slot
 
 
 def errors_of(p):

@@ -1,0 +1,44 @@
+"""Make the launcher package (roles/cell_runtime/files/chv_cell) importable
+and provide a small, valid policy for the tests (fixtures: conftest.py)."""
+
+import os
+import sys
+
+FILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "roles", "cell_runtime", "files"))
+if FILES not in sys.path:
+    sys.path.insert(0, FILES)
+
+ENTRY = os.path.join(FILES, "chv-cell")
+
+
+def make_slot(i, base=10, uid_base=None, host_prefix="lth"):
+    return {
+        "name": "slot%d" % i,
+        "index": i,
+        "machine": "lt-slot%d" % i,
+        "host_ifname": "%s%d" % (host_prefix, i),
+        "cell_ifname": "eth0",
+        "subnet": "10.231.%d.0/24" % (base + i),
+        "gateway": "10.231.%d.1" % (base + i),
+        "address": "10.231.%d.2" % (base + i),
+        "prefixlen": 24,
+        "uid_base": uid_base if uid_base is not None else 3000000 + i * 65536,
+        "uid_size": 65536,
+    }
+
+
+BASE_POLICY = {
+    "version": 1,
+    "state_dir": "/run/chv-fleet-unit",
+    "workspace_root": "/nonexistent/ws",
+    "agent_state_root": "/nonexistent/state",
+    "inaccessible": ["/etc/chv", "/root/.git-credentials", "/usr/lib/chromium", "/opt/chv-browser"],
+    "readonly_binds": [
+        {"source": "/app", "target": "/app", "optional": True},
+        {"source": "/etc/ssl/certs", "target": "/etc/ssl/certs", "optional": True},
+    ],
+    "writable_binds": [{"source": "/run/chv", "target": "/run/chv", "optional": False}],
+    "properties": {"MemoryMax": "2G", "TasksMax": 512},
+    "rlimits": {"NOFILE": "4096:8192"},
+    "slots": [make_slot(0), make_slot(1)],
+}

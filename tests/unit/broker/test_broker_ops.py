@@ -141,4 +141,3 @@ def test_audit_to_a_closed_stream_is_not_an_error():
     out = io.StringIO()
     out.close()
     protocol.audit(out, "chv-broker.audit", verdict="ok")  # raises nothing
-

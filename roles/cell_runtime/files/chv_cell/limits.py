@@ -82,30 +82,31 @@ def convert(prop, value, mem_total=None, tasks_total=None):
         raise bad("not a value")
     if kind in ("bytes", "tasks") and text == "infinity":
         return Limit(prop, controller, fname, "max")
-    if kind == "bytes":
+    def share(total, of_what):
+        """``text`` as a percentage of ``total`` (None when it is no percentage)."""
         pct = _percent(text)
-        if pct is not None:
-            if pct > 100:
-                raise bad("percentages above 100% are not valid")
-            if mem_total is None:
-                raise bad("a percentage needs the host's memory size")
-            return Limit(prop, controller, fname, str(int(mem_total * pct / 100)))
+        if pct is None:
+            return None
+        if pct > 100:
+            raise bad("percentages above 100% are not valid")
+        if total is None:
+            raise bad("a percentage needs " + of_what)
+        return int(total * pct / 100)
+
+    if kind == "bytes":
+        n = share(mem_total, "the host's memory size")
+        if n is not None:
+            return Limit(prop, controller, fname, str(n))
         n = _size(text)
         if n is None:
             raise bad("expected bytes with an optional K, M, G, T, P or E suffix, a percentage or infinity")
         return Limit(prop, controller, fname, str(n))
     if kind == "tasks":
-        pct = _percent(text)
-        if pct is not None:
-            if pct > 100:
-                raise bad("percentages above 100% are not valid")
-            if tasks_total is None:
-                raise bad("a percentage needs the system's task limit")
-            n = int(tasks_total * pct / 100)
-        elif _INT_RE.match(text):
+        n = share(tasks_total, "the system's task limit")
+        if n is None:
+            if not _INT_RE.match(text):
+                raise bad("expected a number of tasks, a percentage or infinity")
             n = int(text)
-        else:
-            raise bad("expected a number of tasks, a percentage or infinity")
         if n < 1:
             raise bad("must allow at least one task")
         return Limit(prop, controller, fname, str(n))

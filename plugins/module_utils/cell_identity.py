@@ -67,8 +67,21 @@ UID_PER_SLOT_MIN = 0x80000
 UID_PER_SLOT_MAX_BASE = 0x6FFF0000
 UID_MAX = 0xFFFFFFFE  # (uid_t) -1 is invalid
 IFNAMSIZ_MAX = 15  # IFNAMSIZ (16) minus the terminating NUL
-MACHINE_NAME_MAX = 64
+# The host ifname is ifname_prefix + index in IFNAMSIZ_MAX bytes: a prefix of
+# at most 12 bytes leaves room for indexes 0..999.  The one limit of the
+# collection: cell_nat's ifname prefix check and the cell_runtime role's
+# validate.yml use the same number.
+IFNAME_PREFIX_MAX = 12
+MACHINE_NAME_MAX = 64  # systemd's (and nspawn --machine's) limit, HOST_NAME_MAX
 MAX_SLOT_COUNT = 65536
+# Cell subnets in these networks are refused by the consumers of the slot
+# records (chv-cell's policy, cell_nat for link-local), so no pool may
+# overlap them.
+UNUSABLE_POOL_NETS = (
+    (ipaddress.IPv4Network('127.0.0.0/8'), 'loopback'),
+    (ipaddress.IPv4Network('169.254.0.0/16'), 'link-local'),
+    (ipaddress.IPv4Network('224.0.0.0/4'), 'multicast'),
+)
 
 RECORD_FIELDS = ('name', 'index', 'machine', 'host_ifname', 'cell_ifname',
                  'subnet', 'gateway', 'address', 'prefixlen', 'uid_base',
@@ -79,11 +92,13 @@ COMPONENTS = ('ifname', 'subnet', 'uid', 'machine', 'cell_ifname')
 _SLOT_NAME = r'[a-z](?:[a-z0-9-]{0,29}[a-z0-9])?'
 _IFNAME = r'[A-Za-z][A-Za-z0-9_.-]*'
 _MACHINE = r'[a-z0-9](?:[a-z0-9-]*[a-z0-9])?'
-SLOT_NAME_RE = re.compile(r'^%s$' % _SLOT_NAME)
-IFNAME_PREFIX_RE = re.compile(r'^[a-z][a-z0-9_-]*$')
-IFNAME_RE = re.compile(r'^%s$' % _IFNAME)
-MACHINE_PREFIX_RE = re.compile(r'^(?:[a-z][a-z0-9-]*)?$')
-MACHINE_RE = re.compile(r'^%s$' % _MACHINE)
+# Unanchored: always used with fullmatch (``^...$`` with match would let a
+# trailing newline through).
+SLOT_NAME_RE = re.compile(_SLOT_NAME)
+IFNAME_PREFIX_RE = re.compile(r'[a-z][a-z0-9_-]*')
+IFNAME_RE = re.compile(_IFNAME)
+MACHINE_PREFIX_RE = re.compile(r'(?:[a-z][a-z0-9-]*)?')
+MACHINE_RE = re.compile(_MACHINE)
 # The same patterns over many newline-joined values: one C-level match for
 # a whole ledger column instead of one Python call per slot.
 _COLUMN_RES = dict((body, re.compile(r'(?:%s)(?:\n(?:%s))*' % (body, body)))
@@ -168,7 +183,7 @@ def _is_int(value):
 
 def valid_ifname(name):
     """True when ``name`` is a usable Linux interface name (<= 15 bytes)."""
-    return (isinstance(name, str) and IFNAME_RE.match(name) is not None
+    return (isinstance(name, str) and IFNAME_RE.fullmatch(name) is not None
             and len(name.encode('utf-8')) <= IFNAMSIZ_MAX)
 
 
@@ -188,6 +203,11 @@ class Settings:
         except ValueError as exc:
             raise AllocationError('pool', 'pool %r is not an IPv4 network in a.b.c.d/n form '
                                   'with the host bits clear: %s' % (pool, exc))
+        for unusable, kind in UNUSABLE_POOL_NETS:
+            if net.overlaps(unusable):
+                raise AllocationError('pool', 'pool %r overlaps %s, the %s range: chv-cell refuses a '
+                                      'cell subnet there; take the pool from private address space '
+                                      '(such as the default %s)' % (pool, unusable, kind, DEFAULT_POOL))
         self.pool = net.with_prefixlen
         self.pool_start = int(net.network_address)
         self.pool_prefix = net.prefixlen
@@ -214,14 +234,19 @@ class Settings:
                                   'that the %d-UID range fits below UID %d'
                                   % (shared_uid, UID_MAX - UID_RANGE_SIZE + 1, UID_RANGE_SIZE,
                                      UID_MAX))
+        if uid_mode == 'shared' and shared_uid == 0:
+            raise AllocationError('shared_uid', 'shared_uid 0 with uid_mode shared would map every '
+                                  'cell\'s root to host root: it must be at least 1')
         self.shared_uid = shared_uid
 
-        if (not isinstance(ifname_prefix, str) or not IFNAME_PREFIX_RE.match(ifname_prefix)
-                or len(ifname_prefix) > IFNAMSIZ_MAX - 1):
+        if (not isinstance(ifname_prefix, str) or not IFNAME_PREFIX_RE.fullmatch(ifname_prefix)
+                or len(ifname_prefix) > IFNAME_PREFIX_MAX):
             raise AllocationError('ifname_prefix', 'ifname_prefix %r must match %s and be at most '
-                                  '%d bytes, so that the slot index fits in the %d-byte interface '
-                                  'name limit' % (ifname_prefix, IFNAME_PREFIX_RE.pattern,
-                                                  IFNAMSIZ_MAX - 1, IFNAMSIZ_MAX))
+                                  '%d bytes, so that slot indexes up to %d fit in the %d-byte '
+                                  'interface name limit' % (ifname_prefix, IFNAME_PREFIX_RE.pattern,
+                                                            IFNAME_PREFIX_MAX,
+                                                            10 ** (IFNAMSIZ_MAX - IFNAME_PREFIX_MAX) - 1,
+                                                            IFNAMSIZ_MAX))
         self.ifname_prefix = ifname_prefix
         # Highest index whose interface name still fits in 15 bytes, plus one.
         self.index_limit = 10 ** (IFNAMSIZ_MAX - len(ifname_prefix))
@@ -230,9 +255,13 @@ class Settings:
             raise AllocationError('cell_ifname', 'cell_ifname %r is not a valid interface name '
                                   '(letters, digits, "_", ".", "-", at most %d bytes)'
                                   % (cell_ifname, IFNAMSIZ_MAX))
+        if cell_ifname == 'lo':
+            raise AllocationError('cell_ifname', 'cell_ifname %r is the cell\'s loopback interface: '
+                                  'chv-cell refuses it, name the cell end of the veth otherwise '
+                                  '(default %s)' % (cell_ifname, DEFAULT_CELL_IFNAME))
         self.cell_ifname = cell_ifname
 
-        if not isinstance(machine_prefix, str) or not MACHINE_PREFIX_RE.match(machine_prefix):
+        if not isinstance(machine_prefix, str) or not MACHINE_PREFIX_RE.fullmatch(machine_prefix):
             raise AllocationError('machine_prefix', 'machine_prefix %r must match %s'
                                   % (machine_prefix, MACHINE_PREFIX_RE.pattern))
         self.machine_prefix = machine_prefix
@@ -503,7 +532,8 @@ def _validate(data, path, settings=None):
     shared_base = None
     fields = frozenset(RECORD_FIELDS)
     ok_cell_ifnames = set()
-    slot_match, machine_match, ifname_match = SLOT_NAME_RE.match, MACHINE_RE.match, IFNAME_RE.match
+    slot_match, machine_match = SLOT_NAME_RE.fullmatch, MACHINE_RE.fullmatch
+    ifname_match = IFNAME_RE.fullmatch
     inet_aton, inet_ntoa, unpack, pack = socket.inet_aton, socket.inet_ntoa, _UNPACK_I, _PACK_I
     nets, mismatched = {}, []
     check = settings is not None
@@ -732,7 +762,7 @@ def normalize_slot_names(slots):
         return names
     names, seen = [], set()
     for name in slots:
-        if not isinstance(name, str) or not SLOT_NAME_RE.match(name):
+        if not isinstance(name, str) or not SLOT_NAME_RE.fullmatch(name):
             raise AllocationError('slots', 'slot name %r is invalid: it must match %s (lowercase '
                                   'letters, digits and "-", at most 31 characters)'
                                   % (name, SLOT_NAME_RE.pattern))

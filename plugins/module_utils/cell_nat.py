@@ -34,14 +34,14 @@ TABLE_NAME = "chv_cell"
 
 # Interface names: at most IFNAMSIZ-1 = 15 bytes, no '/', no whitespace,
 # no quote (they are rendered inside double quotes in the ruleset).
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@+-]{1,15}$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@+-]{1,15}\Z")
 # Slot names become part of nft object names (<slot>_accepted/_dropped).
-_SLOT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,47}$")
+_SLOT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,47}\Z")
 # Prefix of the slots' host-side interfaces: a wildcard ("chvh*") in the
 # ruleset drops traffic of interfaces that carry it but are no current slot.
-_IFNAME_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,12}$")
+_IFNAME_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,12}\Z")
 UID_MAX = 2 ** 32 - 2
-_PORT_RANGE_RE = re.compile(r"^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?$")
+_PORT_RANGE_RE = re.compile(r"^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?\Z")
 
 PROTOCOLS = ("tcp", "udp")
 LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")

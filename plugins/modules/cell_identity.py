@@ -60,7 +60,10 @@ options:
       - Required with O(state=present). With O(state=absent), omitting it releases every slot.
     type: raw
   pool:
-    description: IPv4 network the cell subnets are taken from.
+    description:
+      - IPv4 network the cell subnets are taken from.
+      - It must not overlap the loopback (127.0.0.0/8), link-local (169.254.0.0/16) or multicast
+        (224.0.0.0/4) ranges, where C(chv-cell) refuses a cell subnet.
     type: str
     default: 10.200.0.0/16
   prefix:
@@ -78,21 +81,32 @@ options:
     choices: [per_slot, shared]
     default: per_slot
   shared_uid:
-    description: First host UID of the range every cell uses with O(uid_mode=shared).
+    description:
+      - First host UID of the range every cell uses with O(uid_mode=shared).
+      - With O(uid_mode=shared) it must not be 0 (cell root would be host root).
     type: int
     default: 1000
   ifname_prefix:
     description:
       - Host-side veth name prefix; the name is the prefix followed by the slot index and must fit
         in 15 bytes.
+      - At most 12 characters (lowercase letters, digits, C(_) and C(-), starting with a letter), so
+        that slot indexes up to 999 fit. The roles C(chv.fleet.cell_runtime) and C(chv.fleet.cell_nat)
+        have the same limit.
     type: str
     default: chvh
   cell_ifname:
-    description: Interface name inside the cell.
+    description:
+      - Interface name inside the cell (letters, digits, C(_), C(.) and C(-), starting with a
+        letter, at most 15 bytes).
+      - V(lo) is refused, it is the cell's loopback interface.
     type: str
     default: eth0
   machine_prefix:
-    description: Prefix of the systemd machine name; the machine name is the prefix followed by the slot name.
+    description:
+      - Prefix of the systemd machine name; the machine name is the prefix followed by the slot name.
+      - Empty or lowercase letters, digits and C(-), starting with a letter. A machine name longer
+        than 64 characters (systemd's limit) is refused.
     type: str
     default: chv-
   ledger:

@@ -2,11 +2,12 @@
 
 1. A slot identity the allocator (module_utils/cell_identity) can produce is
    accepted by every consumer: cell_nat (normalize_slot_records and its
-   ifname prefix check), chv-cell's policy (validate), chv-browser
-   (check_slot) and chv-broker (the sync unit named after the slot).
-   Where the allocator accepts more than a consumer today, the gap is named
-   in KNOWN_GAPS, kept out of the property, and pinned by a strict xfail
-   example: closing a gap makes its example pass, and the xfail must go.
+   ifname prefix check), the cell_runtime role's ifname prefix check,
+   chv-cell's policy (validate), chv-browser (check_slot) and chv-broker (the
+   sync unit named after the slot).  What a consumer refuses (loopback,
+   link-local and multicast subnets, uid 0, cell_ifname lo, ifname prefixes
+   longer than 12, trailing newlines, machine names over 64) the allocator
+   refuses itself, and the consumers keep refusing it too.
 2. chv_cell_inaccessible_default hides every path the browser role installs
    and the broker's credential directory.
 3. lab_role_packages (baked into the lab image) is the union of the roles'
@@ -17,6 +18,7 @@ import os
 import re
 import sys
 
+import jinja2
 import pytest
 import yaml
 from hypothesis import HealthCheck, assume, example, given, settings as hsettings, strategies as st
@@ -48,6 +50,20 @@ def role_yaml(role, kind="defaults"):
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+")
 
 
+def role_ifname_prefix_check():
+    """The cell_runtime role's check of chv_cell_ifname_prefix (tasks/validate.yml), a Jinja expression."""
+    with open(os.path.join(ROLES, "cell_runtime", "tasks", "validate.yml"), encoding="utf-8") as fh:
+        tasks = yaml.safe_load(fh)
+    found = [cond for task in tasks for cond in task.get("ansible.builtin.assert", {}).get("that", [])
+             if "chv_cell_ifname_prefix" in cond]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def role_accepts_ifname_prefix(prefix):
+    return bool(jinja2.Environment().compile_expression(role_ifname_prefix_check())(chv_cell_ifname_prefix=prefix))
+
+
 def consumer_errors(settings, records):
     """What each consumer says about the allocator's output ([] = all accept)."""
     errors = []
@@ -59,6 +75,9 @@ def consumer_errors(settings, records):
         cn.validate_ifname_prefix(settings.ifname_prefix, "ifname_prefix")
     except cn.CellNatError as exc:
         errors.append("cell_nat.validate_ifname_prefix: %s" % exc)
+    if not role_accepts_ifname_prefix(settings.ifname_prefix):
+        errors.append("cell_runtime.tasks.validate: chv_cell_ifname_prefix %r fails %s"
+                      % (settings.ifname_prefix, role_ifname_prefix_check()))
     if records:  # a policy needs at least one slot
         policy = {"version": cell_policy.POLICY_VERSION, "slots": records}
         errors.extend("chv_cell.policy.validate: %s" % e for e in cell_policy.validate(policy))
@@ -75,25 +94,8 @@ def consumer_errors(settings, records):
     return errors
 
 
-_UNUSABLE_NETS = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4")]
-
-# What the allocator accepts and a consumer refuses today (see the xfail examples below).
-KNOWN_GAPS = {
-    "machine name of 64 characters": (
-        lambda s, recs: any(len(r["machine"]) == ci.MACHINE_NAME_MAX for r in recs)),
-    "ifname_prefix of 13 or 14 characters": (
-        lambda s, recs: len(s.ifname_prefix) > 12),
-    "cell_ifname lo": (
-        lambda s, recs: s.cell_ifname == "lo"),
-    "subnet in loopback, link-local or multicast space": (
-        lambda s, recs: any(ipaddress.ip_network(r["subnet"]).overlaps(n) for r in recs for n in _UNUSABLE_NETS)),
-    "shared uid 0": (
-        lambda s, recs: any(r["uid_base"] == 0 for r in recs)),
-}
-
-
-def known_gaps(settings, records):
-    return [name for name, applies in KNOWN_GAPS.items() if applies(settings, records)]
+def refusing_consumers(errors):
+    return sorted(set(re.match(r"[\w.]+", e).group(0) for e in errors))
 
 
 _LOWER, _DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
@@ -103,18 +105,34 @@ def _word(first, rest, max_rest):
     return st.builds(lambda a, b: a + b, st.sampled_from(first), st.text(rest, max_size=max_rest))
 
 
+def _now_and_then_a_newline(strategy):
+    """A trailing newline in about one draw of eight (`^...$` with re.match lets it through)."""
+    return st.builds(lambda a, b: a + b, strategy, st.sampled_from([""] * 7 + ["\n"]))
+
+
+# Addresses in and next to the loopback, link-local and multicast ranges
+# (hypothesis's integers lean to small values and would seldom reach them).
+_EDGE_ADDRESSES = [int(ipaddress.IPv4Address(a)) for a in (
+    "10.200.0.0", "126.255.255.252", "127.0.0.0", "127.255.255.252", "128.0.0.0", "169.253.255.252",
+    "169.254.0.0", "169.254.255.252", "169.255.0.0", "223.255.255.252", "224.0.0.0", "239.255.255.252",
+    "240.0.0.0", "255.255.255.252")]
+
+
 @st.composite
 def pools(draw):
     plen = draw(st.integers(0, ci.MAX_PREFIX))
-    address = draw(st.integers(0, 2 ** 32 - 1)) & ((2 ** 32 - 1) ^ ((1 << (32 - plen)) - 1))
+    address = draw(st.one_of(st.integers(0, 2 ** 32 - 1), st.sampled_from(_EDGE_ADDRESSES)))
+    address &= (2 ** 32 - 1) ^ ((1 << (32 - plen)) - 1)
     return "%s/%d" % (ipaddress.IPv4Address(address), plen)
 
 
 @st.composite
 def allocator_inputs(draw):
-    """Settings the allocator's own validation accepts, slots (a count or
-    names), host facts that push the indexes up, and optionally a second
-    round with other settings (reassign=True) over the first ledger."""
+    """Settings (some of which the allocator must refuse: loopback, link-local
+    and multicast pools, shared uid 0, cell_ifname lo, ifname prefixes of 13-14
+    characters, trailing newlines), slots (a count or names), host facts that
+    push the indexes up, and optionally a second round with other settings
+    (reassign=True) over the first ledger."""
     def settings():
         pool = draw(pools())
         plen = int(pool.split("/")[1])
@@ -127,15 +145,17 @@ def allocator_inputs(draw):
             uid_mode=draw(st.sampled_from(ci.UID_MODES)),
             shared_uid=draw(st.one_of(st.integers(0, ci.UID_MAX - ci.UID_RANGE_SIZE + 1),
                                       st.sampled_from([0, 1, 1000, ci.UID_MAX - ci.UID_RANGE_SIZE + 1]))),
-            ifname_prefix=draw(_word(_LOWER, _LOWER + _DIGITS + "_-", ci.IFNAMSIZ_MAX - 2)),
-            cell_ifname=draw(st.one_of(st.sampled_from(["eth0", "lo", "host0"]),
-                                       _word(_LOWER + _LOWER.upper(), _LOWER + _DIGITS + "_.-", ci.IFNAMSIZ_MAX - 1))),
-            machine_prefix=draw(st.one_of(st.just(""), _word(_LOWER, _LOWER + _DIGITS + "-", 40))),
+            ifname_prefix=draw(_now_and_then_a_newline(_word(_LOWER, _LOWER + _DIGITS + "_-", ci.IFNAMSIZ_MAX - 2))),
+            cell_ifname=draw(_now_and_then_a_newline(st.one_of(
+                st.sampled_from(["eth0", "lo", "host0"]),
+                _word(_LOWER + _LOWER.upper(), _LOWER + _DIGITS + "_.-", ci.IFNAMSIZ_MAX - 1)))),
+            machine_prefix=draw(_now_and_then_a_newline(st.one_of(st.just(""), _word(_LOWER, _LOWER + _DIGITS + "-", 40)))),
         )
     first = settings()
-    names = st.one_of(st.text(_LOWER, min_size=1, max_size=1),
-                      st.builds(lambda a, b, c: a + b + c, st.sampled_from(_LOWER),
-                                st.text(_LOWER + _DIGITS + "-", max_size=29), st.sampled_from(_LOWER + _DIGITS)))
+    names = _now_and_then_a_newline(st.one_of(
+        st.text(_LOWER, min_size=1, max_size=1),
+        st.builds(lambda a, b, c: a + b + c, st.sampled_from(_LOWER),
+                  st.text(_LOWER + _DIGITS + "-", max_size=29), st.sampled_from(_LOWER + _DIGITS))))
     slots = draw(st.one_of(st.integers(0, 12), st.lists(names, max_size=8, unique=True)))
     blocked = draw(st.lists(st.integers(0, 10 ** 6), max_size=4))
     second = settings() if draw(st.booleans()) else None
@@ -156,7 +176,7 @@ def allocate(settings_kw, slots, blocked, ledger=None):
 @hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(allocator_inputs())
 @example(({"machine_prefix": "chv-", "ifname_prefix": "chvh"}, 3, [], None))
-@example(({"pool": "10.0.0.0/30", "prefix": 30, "ifname_prefix": "a" * 12, "machine_prefix": "m" * 32},
+@example(({"pool": "10.0.0.0/30", "prefix": 30, "ifname_prefix": "a" * 12, "machine_prefix": "m" * 33},
           ["s" * 31], [10 ** 2], None))
 def test_every_record_the_allocator_makes_is_accepted_by_every_consumer(inputs):
     first, slots, blocked, second = inputs
@@ -168,59 +188,118 @@ def test_every_record_the_allocator_makes_is_accepted_by_every_consumer(inputs):
         if records2 is not None:
             rounds.append((settings2, records2))
     for settings, records in rounds:
-        assume(not known_gaps(settings, records))
         assert consumer_errors(settings, records) == [], records
 
 
-def gap_example(**settings_kw):
-    settings, _ledger, records = allocate(settings_kw, ["s" * 31] if "machine_prefix" in settings_kw else 2, [])
-    assert records is not None, "the allocator refuses the example: the gap is closed on its side"
-    return settings, records
-
-
-def gap_example_names(names):
-    settings, _ledger, records = allocate({}, names, [])
-    assert records is not None
-    return settings, records
-
-
-@pytest.mark.parametrize("gap,settings_kw", [
-    ("machine name of 64 characters", {"machine_prefix": "m" * 33}),
-    ("ifname_prefix of 13 or 14 characters", {"ifname_prefix": "a" * 13}),
-    ("cell_ifname lo", {"cell_ifname": "lo"}),
-    ("subnet in loopback, link-local or multicast space", {"pool": "169.254.0.0/16"}),
-    ("shared uid 0", {"uid_mode": "shared", "shared_uid": 0}),
+# What a consumer refuses, the allocator refuses itself, naming the option and the value.
+@pytest.mark.parametrize("settings_kw,slots,param,text", [
+    ({"ifname_prefix": "a" * 13}, 2, "ifname_prefix", "ifname_prefix %r" % ("a" * 13)),
+    ({"ifname_prefix": "a" * 14}, 2, "ifname_prefix", "ifname_prefix %r" % ("a" * 14)),
+    ({"cell_ifname": "lo"}, 2, "cell_ifname", "cell_ifname 'lo'"),
+    ({"pool": "127.0.0.0/8"}, 2, "pool", "pool '127.0.0.0/8' overlaps 127.0.0.0/8, the loopback range"),
+    ({"pool": "169.254.0.0/16"}, 2, "pool", "pool '169.254.0.0/16' overlaps 169.254.0.0/16, the link-local range"),
+    ({"pool": "169.254.128.0/24"}, 2, "pool", "pool '169.254.128.0/24' overlaps 169.254.0.0/16"),
+    ({"pool": "224.0.0.0/4"}, 2, "pool", "pool '224.0.0.0/4' overlaps 224.0.0.0/4, the multicast range"),
+    ({"pool": "239.1.0.0/16"}, 2, "pool", "pool '239.1.0.0/16' overlaps 224.0.0.0/4"),
+    ({"pool": "0.0.0.0/0"}, 2, "pool", "pool '0.0.0.0/0' overlaps 127.0.0.0/8"),
+    ({"uid_mode": "shared", "shared_uid": 0}, 2, "shared_uid", "shared_uid 0"),
+    ({}, ["slot\n"], "slots", "'slot\\n'"),
+    ({"machine_prefix": "chv-\n"}, 2, "machine_prefix", "machine_prefix 'chv-\\n'"),
+    ({"ifname_prefix": "chvh\n"}, 2, "ifname_prefix", "ifname_prefix 'chvh\\n'"),
+    ({"cell_ifname": "eth0\n"}, 2, "cell_ifname", "cell_ifname 'eth0\\n'"),
+    ({"machine_prefix": "m" * 34}, ["s" * 31], "machine_prefix", "longer than 64 characters"),
 ])
-@pytest.mark.xfail(strict=True, reason="known gap between the allocator and a consumer (KNOWN_GAPS)")
-def test_known_gap(gap, settings_kw):
-    settings, records = gap_example(**settings_kw)
-    assert known_gaps(settings, records) == [gap]  # the example shows this gap and no other
+def test_the_allocator_refuses_what_a_consumer_refuses(settings_kw, slots, param, text):
+    with pytest.raises(ci.AllocationError) as err:
+        ci.allocate(None, slots, ci.Settings(**settings_kw), ci.HostFacts())
+    assert err.value.param == param
+    assert text in str(err.value)
+
+
+def test_the_allocator_accepts_the_edges_next_to_them():
+    """Controls for the refusals above: the closest accepted values pass every consumer."""
+    edges = [({"ifname_prefix": "a" * 12}, 2), ({"cell_ifname": "lo0"}, 2), ({}, ["slot"]),
+             ({"uid_mode": "shared", "shared_uid": 1}, 2), ({"uid_mode": "per_slot", "shared_uid": 0}, 2)]
+    edges += [({"pool": pool, "prefix": 26}, 2) for pool in (
+        "126.255.255.0/24", "128.0.0.0/24", "169.253.255.0/24", "169.255.0.0/24", "223.255.255.0/24")]
+    for settings_kw, slots in edges:
+        settings, _ledger, records = allocate(settings_kw, slots, [])
+        assert records is not None, settings_kw
+        assert consumer_errors(settings, records) == [], settings_kw
+
+
+def test_a_64_character_machine_name_is_accepted_by_every_consumer():
+    settings, _ledger, records = allocate({"machine_prefix": "m" * 33}, ["s" * 31], [])
+    assert [len(r["machine"]) for r in records] == [ci.MACHINE_NAME_MAX] == [64]  # systemd's HOST_NAME_MAX
     assert consumer_errors(settings, records) == []
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: `^...$` with re.match lets a trailing newline through "
-                                       "the allocator's name checks (and cell_nat's and chv-cell's); "
-                                       "the browser (fullmatch) and the broker's sync unit name refuse it")
-def test_known_gap_trailing_newline_in_a_slot_name():
-    settings, records = gap_example_names(["slot\n"])
-    assert consumer_errors(settings, records) == []
+def test_the_ifname_prefix_limit_is_one_number():
+    """The allocator, cell_nat and the cell_runtime role accept exactly the same
+    prefix lengths, and with the longest one, indexes up to 999 fit in IFNAMSIZ-1."""
+    verdicts = {}
+    for n in range(1, ci.IFNAMSIZ_MAX + 2):
+        prefix = "a" * n
+        try:
+            ci.Settings(ifname_prefix=prefix)
+            allocator = True
+        except ci.AllocationError:
+            allocator = False
+        try:
+            cn.validate_ifname_prefix(prefix, "ifname_prefix")
+            nat = True
+        except cn.CellNatError:
+            nat = False
+        verdicts[n] = (allocator, nat, role_accepts_ifname_prefix(prefix))
+    assert verdicts == {n: (n <= ci.IFNAME_PREFIX_MAX,) * 3 for n in verdicts}
+    assert ci.IFNAME_PREFIX_MAX == 12
+    assert len(ci.Settings(ifname_prefix="a" * 12).host_ifname(999).encode()) == ci.IFNAMSIZ_MAX
 
 
-def test_gap_examples_are_refused_by_a_consumer_only():
-    """Positive control for the xfails above: each example is made by the
-    allocator, and what refuses it is a consumer (not the test's plumbing)."""
-    for settings_kw in ({"machine_prefix": "m" * 33}, {"ifname_prefix": "a" * 13}, {"cell_ifname": "lo"},
-                        {"pool": "169.254.0.0/16"}, {"uid_mode": "shared", "shared_uid": 0}):
-        errors = consumer_errors(*gap_example(**settings_kw))
-        assert errors, settings_kw
-    errors = consumer_errors(*gap_example_names(["slot\n"]))
-    assert [e.split(" ")[0] for e in errors] == ["chv_browser.policy.check_slot('slot\\n'):", "chv_broker"], errors
+def _with_subnet(rec, subnet):
+    net = ipaddress.ip_network(subnet)
+    return dict(rec, subnet=str(net), gateway=str(net[1]), address=str(net[2]), prefixlen=net.prefixlen)
+
+
+_NAT, _CELL = "cell_nat.normalize_slot_records", "chv_cell.policy.validate"
+
+
+@pytest.mark.parametrize("mutate,refused_by", [
+    (lambda r: dict(r, machine="m" * 65), [_CELL]),
+    (lambda r: dict(r, cell_ifname="lo"), [_CELL]),
+    (lambda r: _with_subnet(r, "127.0.0.0/24"), [_CELL]),
+    (lambda r: _with_subnet(r, "169.254.0.0/24"), [_NAT, _CELL]),
+    (lambda r: _with_subnet(r, "224.0.0.0/24"), [_CELL]),
+    (lambda r: dict(r, uid_base=0), [_NAT, _CELL]),
+    (lambda r: dict(r, name=r["name"] + "\n"), ["chv_broker", "chv_browser.policy.check_slot", _NAT, _CELL]),
+    (lambda r: dict(r, machine=r["machine"] + "\n"), [_CELL]),
+    (lambda r: dict(r, host_ifname=r["host_ifname"] + "\n"), [_NAT, _CELL]),
+    (lambda r: dict(r, cell_ifname=r["cell_ifname"] + "\n"), [_CELL]),
+])
+def test_the_consumers_still_refuse_what_they_must(mutate, refused_by):
+    """The consumers keep their own checks: a record the allocator no longer
+    makes, put into an allocated table, is refused by them."""
+    settings, _ledger, records = allocate({}, 2, [])
+    assert consumer_errors(settings, records) == []  # control
+    records[0] = mutate(records[0])
+    assert refusing_consumers(consumer_errors(settings, records)) == sorted(refused_by)
+
+
+@pytest.mark.parametrize("prefix,refused_by", [
+    ("a" * 13, ["cell_nat.validate_ifname_prefix", "cell_runtime.tasks.validate"]),
+    ("a" * 14, ["cell_nat.validate_ifname_prefix", "cell_runtime.tasks.validate"]),
+    # the role's check is a length check: the allocator (the role's next step) refuses the newline
+    ("chvh\n", ["cell_nat.validate_ifname_prefix"]),
+])
+def test_the_consumers_still_refuse_a_long_or_multiline_ifname_prefix(prefix, refused_by):
+    settings, _ledger, records = allocate({}, 2, [])
+    settings.ifname_prefix = prefix
+    assert refusing_consumers(consumer_errors(settings, records)) == sorted(refused_by)
 
 
 def test_defaults_are_accepted_by_every_consumer():
     settings, _ledger, records = allocate({}, 4, [])
     assert [r["name"] for r in records] == ["slot0", "slot1", "slot2", "slot3"]
-    assert known_gaps(settings, records) == []
     assert consumer_errors(settings, records) == []
 
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cellnat_lab
+from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as ci
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat as cn
 from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import CellNatError
 
@@ -166,6 +167,23 @@ def test_slots_are_validated_with_their_position():
         plan(slots=bad)
     with pytest.raises(CellNatError, match=r"^cell_nat_slots\[0\]: missing 'subnet'"):
         plan(slots=[{"name": "s", "host_ifname": "chvh0"}])
+
+
+@pytest.mark.parametrize("field, value", [("name", "slot0\n"), ("host_ifname", "chvh0\n")])
+def test_a_trailing_newline_in_a_slot_record_is_refused(field, value):
+    # `^...$` with re.match would let it through; the patterns end in \Z
+    bad = slots(1)
+    bad[0][field] = value
+    with pytest.raises(CellNatError, match=r"^cell_nat_slots\[0\]\.%s: %s" % (field, re.escape(repr(value)))):
+        plan(slots=bad)
+
+
+def test_the_ifname_prefix_limit_is_the_allocators():
+    # host ifname = prefix + slot index in 15 bytes: 12 leaves room for indexes up to 999
+    assert cn.validate_ifname_prefix("a" * ci.IFNAME_PREFIX_MAX, "p") == "a" * 12
+    for bad in ("a" * (ci.IFNAME_PREFIX_MAX + 1), "chvh\n", ""):
+        with pytest.raises(CellNatError, match=r"^cell_nat_ifname_prefix: %s must be 1-12 characters" % re.escape(repr(bad))):
+            plan(ifname_prefix=bad)
 
 
 def test_slots_from_ledger_follow_index_order():

@@ -82,12 +82,28 @@ def test_merged_fills_defaults(raw_policy):
                                         address="10.231.11.2"), "overlaps"),
         (lambda p: p["slots"][1].update(uid_base=3000000 + 1000), "overlap partially"),
         (lambda p: p["slots"][0].update(subnet="127.0.0.0/24", gateway="127.0.0.1", address="127.0.0.2"), "not usable"),
+        (lambda p: p["slots"][0].update(subnet="169.254.3.0/24", gateway="169.254.3.1", address="169.254.3.2"), "not usable"),
+        (lambda p: p["slots"][0].update(subnet="224.0.3.0/24", gateway="224.0.3.1", address="224.0.3.2"), "not usable"),
+        (lambda p: p["slots"][0].update(machine="m" * 65), "machine %r is not a valid" % ("m" * 65)),
+        # a trailing newline passes `^...$` with re.match: the patterns end in \Z
+        (lambda p: p["slots"][0].update(name="slot0\n"), "name must match"),
+        (lambda p: p["slots"][0].update(machine="lt-slot0\n"), "not a valid machine name"),
+        (lambda p: p["slots"][0].update(host_ifname="lth0\n"), "host_ifname 'lth0\\n' must be 1-15 characters"),
+        (lambda p: p["slots"][0].update(cell_ifname="eth0\n"), "cell_ifname 'eth0\\n' must be 1-15 characters"),
+        (lambda p: p.update(agent_user="chv\n"), "must be a user name"),
+        (lambda p: p.update(setenv={"A\n": "x"}), "not a valid environment"),
     ],
 )
 def test_rejects(raw_policy, mutate, expected):
     mutate(raw_policy)
     errs = errors_of(raw_policy)
     assert expected in errs, errs
+
+
+def test_a_64_character_machine_name_is_valid(raw_policy):
+    """systemd's machine names (nspawn --machine, hostname_is_valid) go up to HOST_NAME_MAX, 64."""
+    raw_policy["slots"][0]["machine"] = "m" * 64
+    assert policymod.validate(raw_policy) == []
 
 
 def test_shared_uid_mode_is_valid(raw_policy):

@@ -128,16 +128,16 @@ SLOT_FIELDS = {
     "uid_size": int,
 }
 
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
-_SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_MACHINE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
-_CAP_RE = re.compile(r"^CAP_[A-Z_]+$")
-_SYSCALL_RE = re.compile(r"^[a-z0-9_]+$")
-_PROP_RE = re.compile(r"^[A-Z][A-Za-z0-9]+$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RLIMIT_VAL_RE = re.compile(r"^(infinity|[0-9]+)(:(infinity|[0-9]+))?$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_SEARCH_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}\Z")
+_SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
+_MACHINE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}\Z")
+_CAP_RE = re.compile(r"^CAP_[A-Z_]+\Z")
+_SYSCALL_RE = re.compile(r"^[a-z0-9_]+\Z")
+_PROP_RE = re.compile(r"^[A-Z][A-Za-z0-9]+\Z")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_RLIMIT_VAL_RE = re.compile(r"^(infinity|[0-9]+)(:(infinity|[0-9]+))?\Z")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
+_SEARCH_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
 
 # Cell trees that a mount target (agent_home, workspace_aliases) must not be
 # in or replace: nspawn provides them, or they are read-only host trees.

@@ -253,17 +253,51 @@ def test_changed_settings_on_an_empty_ledger_are_simply_taken():
     ({'uid_mode': 'pick'}, 'uid_mode', "'pick'"),
     ({'shared_uid': -1}, 'shared_uid', '-1'),
     ({'shared_uid': 2 ** 32 - 10}, 'shared_uid', str(2 ** 32 - 10)),
+    ({'uid_mode': 'shared', 'shared_uid': 0}, 'shared_uid', 'shared_uid 0 with uid_mode shared'),
     ({'ifname_prefix': 'averylongprefix'}, 'ifname_prefix', "'averylongprefix'"),
+    ({'ifname_prefix': 'a' * 13}, 'ifname_prefix', "%r must match [a-z][a-z0-9_-]* and be at most 12 bytes" % ('a' * 13)),
+    ({'ifname_prefix': 'a' * 14}, 'ifname_prefix', "'%s'" % ('a' * 14)),
     ({'ifname_prefix': 've/'}, 'ifname_prefix', "'ve/'"),
+    ({'ifname_prefix': 'chvh\n'}, 'ifname_prefix', "'chvh\\n'"),
     ({'cell_ifname': 'eth0:1'}, 'cell_ifname', "'eth0:1'"),
     ({'cell_ifname': 'a' * 16}, 'cell_ifname', 'a' * 16),
+    ({'cell_ifname': 'lo'}, 'cell_ifname', "cell_ifname 'lo' is the cell's loopback interface"),
+    ({'cell_ifname': 'eth0\n'}, 'cell_ifname', "'eth0\\n'"),
     ({'machine_prefix': 'Chv_'}, 'machine_prefix', "'Chv_'"),
+    ({'machine_prefix': 'chv-\n'}, 'machine_prefix', "'chv-\\n'"),
+    ({'pool': '127.0.0.0/16'}, 'pool', "pool '127.0.0.0/16' overlaps 127.0.0.0/8, the loopback range"),
+    ({'pool': '169.254.0.0/16'}, 'pool', "pool '169.254.0.0/16' overlaps 169.254.0.0/16, the link-local range"),
+    ({'pool': '169.254.7.0/24', 'prefix': 28}, 'pool', "pool '169.254.7.0/24' overlaps 169.254.0.0/16"),
+    ({'pool': '224.0.0.0/16'}, 'pool', "pool '224.0.0.0/16' overlaps 224.0.0.0/4, the multicast range"),
+    ({'pool': '160.0.0.0/3'}, 'pool', "pool '160.0.0.0/3' overlaps 169.254.0.0/16"),
 ])
 def test_invalid_settings(kwargs, param, text):
     with pytest.raises(ci.AllocationError) as err:
         ci.Settings(**kwargs)
     assert err.value.param == param
     assert text in str(err.value)
+
+
+@pytest.mark.parametrize('kwargs', [
+    {'uid_mode': 'shared', 'shared_uid': 1},
+    {'uid_mode': 'per_slot', 'shared_uid': 0},   # shared_uid only counts in uid_mode shared
+    {'ifname_prefix': 'a' * 12},
+    {'cell_ifname': 'lo0'},
+    {'pool': '126.255.0.0/16'},
+    {'pool': '128.0.0.0/16'},
+    {'pool': '169.253.0.0/16'},
+    {'pool': '169.255.0.0/16'},
+    {'pool': '223.255.0.0/16'},
+    {'pool': '240.0.0.0/16'},
+])
+def test_valid_settings_next_to_the_refused_ones(kwargs):
+    assert len(fresh(2, ci.Settings(**kwargs))['slots']) == 2
+
+
+def test_a_trailing_newline_in_a_slot_name_is_refused():
+    with pytest.raises(ci.AllocationError) as err:
+        ci.normalize_slot_names(['slot\n'])
+    assert err.value.param == 'slots' and "'slot\\n'" in str(err.value)
 
 
 def test_pool_too_small():
@@ -296,12 +330,22 @@ def test_last_uid_range_is_systemds_highest_base():
 
 
 def test_interface_name_space_exhaustion_names_ifname_prefix():
-    s = ci.Settings(ifname_prefix='abcdefghijklmn')   # 14 bytes: indexes 0..9 only
-    ledger = fresh(10, s)
+    s = ci.Settings(ifname_prefix='abcdefghijkl')   # 12 bytes, the longest: indexes 0..999 only
+    facts = host(ifnames=['abcdefghijkl%d' % i for i in range(990)])  # the host holds 0..989
+    ledger = fresh(10, s, facts)
+    assert sorted(r['index'] for r in ledger['slots'].values()) == list(range(990, 1000))
     assert max(len(r['host_ifname']) for r in ledger['slots'].values()) == 15
     with pytest.raises(ci.AllocationError) as err:
-        ci.allocate(ledger, 11, s, host())
-    assert err.value.param == 'ifname_prefix' and "'abcdefghijklmn'" in str(err.value)
+        ci.allocate(ledger, 11, s, facts)
+    assert err.value.param == 'ifname_prefix' and "'abcdefghijkl'" in str(err.value)
+    assert 'indexes below 1000' in str(err.value)
+
+
+def test_the_longest_ifname_prefix_fits_1000_slots():
+    s = ci.Settings(pool='10.0.0.0/8', prefix=30, uid_mode='shared', ifname_prefix='a' * ci.IFNAME_PREFIX_MAX)
+    ledger = fresh(1000, s)
+    assert {len(r['host_ifname']) for r in ledger['slots'].values()} == {13, 14, 15}
+    assert ledger['slots']['slot999']['host_ifname'] == 'a' * 12 + '999'
 
 
 @pytest.mark.parametrize('slots, message', [
@@ -354,6 +398,11 @@ def _corrupt(mutate):
     (lambda d: d['slots']['slot1'].pop('machine'), 'exactly the fields'),
     (lambda d: d['slots']['slot1'].update(name='other'), 'does not match its key'),
     (lambda d: d['slots']['slot1'].update(index=True), 'index True'),
+    # a trailing newline passes `^...$` with re.match: the ledger's checks use fullmatch
+    (lambda d: d['slots']['slot1'].update(machine='chv-slot1\n'), "machine 'chv-slot1\\n'"),
+    (lambda d: d['slots']['slot1'].update(host_ifname='chvh1\n'), "host_ifname 'chvh1\\n'"),
+    (lambda d: d['slots']['slot1'].update(cell_ifname='eth0\n'), "cell_ifname 'eth0\\n'"),
+    (lambda d: d['slots'].update({'slot1\n': dict(d['slots'].pop('slot1'), name='slot1\n')}), "slot 'slot1\\n'"),
 ])
 def test_corrupt_ledgers_are_rejected_naming_the_file(mutate, text):
     with pytest.raises(ci.LedgerError) as err:

@@ -39,7 +39,7 @@ GROUP_VARIABLE = "chv_cell_agent_group"
 USAGE = ("usage: chv-cell run [--slot NAME] [--timeout SECONDS] [--runtime-max SECONDS] [-v] -- CMD... | "
          "chv-cell status")
 
-_SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")  # as policy._SLOT_RE
+_SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")  # as policy._SLOT_RE
 _SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
 TIMEOUT_MAX = 86400.0  # --timeout: at most a day of waiting for a slot
 

@@ -82,6 +82,7 @@ def convert(prop, value, mem_total=None, tasks_total=None):
         raise bad("not a value")
     if kind in ("bytes", "tasks") and text == "infinity":
         return Limit(prop, controller, fname, "max")
+
     def share(total, of_what):
         """``text`` as a percentage of ``total`` (None when it is no percentage)."""
         pct = _percent(text)

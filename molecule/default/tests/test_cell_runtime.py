@@ -75,10 +75,13 @@ def test_paths(host, path, mode):
 
 
 def test_workspaces_belong_to_cell_root(host, policy):
+    # cell root's, setgid to the agent group (the executor reads results, never writes)
+    gid = int(host.check_output("getent group %s", policy["agent_user"]).split(":")[2])
     with host.sudo():
         for s in policy["slots"]:
-            f = host.file("%s/%s" % (policy["workspace_root"], s["name"]))
-            assert f.is_directory and f.uid == s["uid_base"] and f.mode == 0o700
+            for root in (policy["workspace_root"], policy["agent_state_root"]):
+                f = host.file("%s/%s" % (root, s["name"]))
+                assert f.is_directory and f.uid == s["uid_base"] and f.gid == gid and f.mode == 0o2750, f.path
 
 
 def _lab_host_address(host):

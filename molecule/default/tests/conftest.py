@@ -70,6 +70,23 @@ def from_cell(host):
 
 
 @pytest.fixture
+def from_one_cell(host):
+    """Several requests from one cell, in order (chv-broker closes the browser
+    context of a slot whose cell is gone, so a page must be used by the cell that opened it)."""
+    def requests(slot, reqs):
+        script = "; ".join("python3 %s %s; echo" % (CLIENT, shlex.quote(json.dumps(r))) for r in reqs)
+        out = in_cell(host, slot, ["sh", "-c", script])
+        lines = [line for line in out.stdout.splitlines() if line.strip()]
+        replies = []
+        for line in lines:
+            body = json.loads(line)
+            replies.append(body)
+        assert len(replies) == len(reqs), (out.rc, out.stdout, out.stderr)
+        return replies
+    return requests
+
+
+@pytest.fixture
 def from_guest(host):
     """The same client, run by a guest process outside any cell (as `user`)."""
     def request(req, user=None):

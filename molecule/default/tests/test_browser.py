@@ -50,31 +50,34 @@ def test_service_runs_as_its_own_user_with_the_socket_for_the_broker_only(host):
                              probe) == "connected"
 
 
-def test_open_returns_the_heading_in_the_aria_snapshot(host, pages, slots, from_cell):
-    opened = from_cell(slots[0], {"op": "browser", "action": "open", "url": pages})
-    assert opened.ok, opened
-    assert opened.result["title"] == "Molecule page" and opened.result["status"] == 200
-    assert 'heading "%s"' % HEADING in opened.result["aria_snapshot"], opened.result
-    assert opened.result["truncated"] is False
-    again = from_cell(slots[0], {"op": "browser", "action": "snapshot"})
-    assert again.ok and 'heading "%s"' % HEADING in again.result["aria_snapshot"], again
+def test_open_returns_the_heading_in_the_aria_snapshot(host, pages, slots, from_one_cell):
+    opened, again = from_one_cell(slots[0], [{"op": "browser", "action": "open", "url": pages},
+                                             {"op": "browser", "action": "snapshot"}])
+    assert opened["ok"], opened
+    assert opened["result"]["title"] == "Molecule page" and opened["result"]["status"] == 200
+    assert 'heading "%s"' % HEADING in opened["result"]["aria_snapshot"], opened
+    assert opened["result"]["truncated"] is False
+    assert again["ok"] and 'heading "%s"' % HEADING in again["result"]["aria_snapshot"], again
 
 
-def test_contexts_are_per_slot(host, pages, slots, from_cell):
-    # slot0 has a page open (previous test, reopened here); slot1 sees none
-    assert from_cell(slots[0], {"op": "browser", "action": "open", "url": pages}).ok
+def test_contexts_are_per_slot(host, pages, slots, from_cell, from_one_cell):
+    # slot0 has a page (control: its own snapshot works); slot1 sees none
+    opened, mine = from_one_cell(slots[0], [{"op": "browser", "action": "open", "url": pages},
+                                            {"op": "browser", "action": "snapshot"}])
+    assert opened["ok"] and mine["ok"], mine
     theirs = from_cell(slots[1], {"op": "browser", "action": "snapshot"})
     assert theirs.rc == 1 and "no page open" in theirs.error, theirs
 
 
-def test_screenshot_is_a_png_the_cell_reads_and_only_its_own(host, pages, slots, from_cell):
+def test_screenshot_is_a_png_the_cell_reads_and_only_its_own(host, pages, slots, from_one_cell):
     mine, theirs = slots[0], slots[1]
-    assert from_cell(theirs, {"op": "browser", "action": "open", "url": pages}).ok
-    other = from_cell(theirs, {"op": "browser", "action": "screenshot", "name": "theirs"})
-    assert other.ok and other.result["path"] == "/run/chv/shots/theirs.png", other
-    assert from_cell(mine, {"op": "browser", "action": "open", "url": pages}).ok
-    shot = from_cell(mine, {"op": "browser", "action": "screenshot", "name": "front"})
-    assert shot.ok and shot.result["path"] == "/run/chv/shots/front.png" and shot.result["bytes"] > 1000, shot
+    opened, other = from_one_cell(theirs, [{"op": "browser", "action": "open", "url": pages},
+                                           {"op": "browser", "action": "screenshot", "name": "theirs"}])
+    assert opened["ok"] and other["ok"] and other["result"]["path"] == "/run/chv/shots/theirs.png", other
+    opened, shot = from_one_cell(mine, [{"op": "browser", "action": "open", "url": pages},
+                                        {"op": "browser", "action": "screenshot", "name": "front"}])
+    assert opened["ok"], opened
+    assert shot["ok"] and shot["result"]["path"] == "/run/chv/shots/front.png" and shot["result"]["bytes"] > 1000, shot
     probe = ("import os\n"
              "print(open('/run/chv/shots/front.png', 'rb').read(8).hex())\n"
              "print(sorted(os.listdir('/run/chv/shots')))\n"

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.six import string_types
 
 _STATE = 'state'
 
@@ -21,17 +20,17 @@ _STATE = 'state'
 def _fold(value, case_sensitive):
     """The comparison key of a value: Jinja's ``ignore_case`` (strings are
     lowercased, everything else is compared as is) unless case-sensitive."""
-    if not case_sensitive and isinstance(value, string_types):
+    if not case_sensitive and isinstance(value, str):
         return value.lower()
     return value
 
 
 def _layers(layers):
-    if isinstance(layers, (string_types, bytes, Mapping)) or not isinstance(layers, Sequence):
+    if isinstance(layers, (str, bytes, Mapping)) or not isinstance(layers, Sequence):
         raise AnsibleFilterError('chv.fleet.layered: expected a list of layers (lists), got %s'
                                  % type(layers).__name__)
     for index, layer in enumerate(layers):
-        if isinstance(layer, (string_types, bytes, Mapping)) or not isinstance(layer, Sequence):
+        if isinstance(layer, (str, bytes, Mapping)) or not isinstance(layer, Sequence):
             raise AnsibleFilterError('chv.fleet.layered: layer %d is a %s, not a list'
                                      % (index, type(layer).__name__))
         for item in layer:
@@ -102,7 +101,7 @@ def layered(layers, key=None, case_sensitive=False):
                                  % (case_sensitive,))
     if key is None:
         return _unique(layers, case_sensitive)
-    if not isinstance(key, string_types):
+    if not isinstance(key, str):
         raise AnsibleFilterError('chv.fleet.layered: key %r is not a string' % (key,))
     return _merge_by(layers, key, case_sensitive)
 

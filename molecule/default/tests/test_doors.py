@@ -226,6 +226,7 @@ def test_sync_reaches_only_what_a_cell_may(host, doors, from_cell):
     for what, host_part in (("guest loopback", "127.0.0.1"), ("guest uplink address", guest["address"]),
                             ("metadata stand-in", META)):
         reply = _sync_pull(host, from_cell, slot, "https://%s:%d/r.git" % (host_part, TLS_PORT))
+        assert reply.body is not None and reply.rc != 125, (what, reply)   # the cell ran and the broker answered
         assert not reply.ok or reply.result.get("returncode") != 0, (what, reply)
     time.sleep(1)
     assert [e for e in guest_log(host) if e.get("kind") == "tls"] == [], "sync reached a denied target"

@@ -15,7 +15,6 @@ sees the same probes arrive.
 """
 
 import json
-import os
 import shlex
 import socket
 import threading

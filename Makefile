@@ -31,9 +31,12 @@ SYS_PACKAGES := systemd-container mmdebstrap nftables iproute2 zstd openssh-clie
                 chromium fonts-dejavu-core libatomic1
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml
+# the suites under tests/integration (one make target each: integration-<suite>)
+INTEGRATION := cells netns broker browser
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help sysdeps venv venv312 browser-venv devcoll lint sanity units lab-tests molecule test test-leg312 \
+.PHONY: help sysdeps venv venv312 browser-venv devcoll lint sanity units integration $(INTEGRATION:%=integration-%) \
+        lab-tests molecule test test-leg312 \
         demo lab-down build install-check bench lock clean
 
 help:
@@ -92,8 +95,23 @@ $(BROWSER_VENV)/.stamp: requirements/browser.lock
 
 browser-venv: $(BROWSER_VENV)/.stamp
 
-units: venv browser-venv sysdeps
-	cd $(ROOT) && CHV_BROWSER_PYTHON=$(BROWSER_VENV)/bin/python $(VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider
+# tests/unit: pure tests, no root, no processes of other uids, no namespaces.
+units: venv
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider
+
+# tests/integration/<suite>: real kernel objects on this machine, as root.
+#   cells:   the chv-cell launcher running real systemd-nspawn cells
+#   netns:   the cell_nat ruleset loaded in network namespaces (and its playbook)
+#   broker:  chv-broker on real Unix sockets, peers and git workers as cell uids
+#   browser: chv-browser driving Debian's chromium through Playwright
+integration-cells integration-netns integration-broker: venv sysdeps
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/integration/$(@:integration-%=%) -q -p no:cacheprovider
+
+integration-browser: venv browser-venv sysdeps
+	cd $(ROOT) && CHV_BROWSER_PYTHON=$(BROWSER_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/browser \
+	  -q -p no:cacheprovider
+
+integration: $(INTEGRATION:%=integration-%)
 
 lab-tests: venv sysdeps
 	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/lab -q -p no:cacheprovider
@@ -102,22 +120,21 @@ molecule: venv sysdeps
 	@for s in $(SCENARIOS); do echo "== molecule test -s $$s"; \
 	  PATH=$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
 
-# The second leg: Python 3.12 with ansible-core 2.21: lint + sanity + units.
-# tests/unit/broker runs the interpreter as an unprivileged cell UID; pyenv's
-# 3.12 is a shared-library build under /root that such a UID cannot load, so
-# the broker's units run on the default leg only.
+# The second leg: Python 3.12 with ansible-core 2.21: lint, sanity and the
+# unit tests (the controller side: plugins, filters, module_utils). The
+# integration suites run what the guests run, with the guests' Python: once.
 test-leg312:
 	@if [ -z "$(PY312)" ]; then echo "SKIP python3.12 leg: no python3.12 on this machine"; else \
-	  $(MAKE) --no-print-directory venv312 browser-venv && \
+	  $(MAKE) --no-print-directory venv312 && \
 	  PATH=$(VENV312)/bin:$$PATH ansible-lint && \
-	  CHV_BROWSER_PYTHON=$(BROWSER_VENV)/bin/python $(VENV312)/bin/python -m pytest tests/unit -q -p no:cacheprovider --ignore=tests/unit/broker && \
+	  $(VENV312)/bin/python -m pytest tests/unit -q -p no:cacheprovider && \
 	  $(MAKE) --no-print-directory sanity312; fi
 
 sanity312: venv312
 	$(call sanity_run,3.12,$(VENV312))
 
 test: sysdeps venv
-	$(MAKE) --no-print-directory lint sanity units lab-tests install-check
+	$(MAKE) --no-print-directory lint sanity units integration lab-tests install-check
 	$(MAKE) --no-print-directory test-leg312
 	$(MAKE) --no-print-directory molecule
 

@@ -27,7 +27,8 @@ from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat as cn
 from ansible_collections.chv.fleet.plugins.module_utils import lab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testpaths import ROOT
+
 ROLES = os.path.join(ROOT, "roles")
 for _role in ("cell_runtime", "broker", "browser"):
     _files = os.path.join(ROLES, _role, "files")

@@ -4,7 +4,7 @@ import os
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testpaths import ROOT
 
 
 def test_lab_and_test_venv_pin_the_same_playwright():

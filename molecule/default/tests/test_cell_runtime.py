@@ -9,6 +9,7 @@ host, the guest's own default gateway, via the cell_nat masquerade).
 import json
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -16,41 +17,8 @@ POLICY = "/etc/chv-fleet/cell-policy.json"
 CAPS = {"CAP_NET_ADMIN": 12, "CAP_NET_RAW": 13, "CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17,
         "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_SYS_BOOT": 22, "CAP_MKNOD": 27}
 
-PROBE = r'''
-import ctypes, errno, json, os, socket, subprocess, sys
-libc = ctypes.CDLL(None, use_errno=True)
-out = {}
-def attempt(key, fn):
-    try:
-        fn(); out[key] = "ok"
-    except OSError as e:
-        out[key] = errno.errorcode.get(e.errno, str(e.errno))
-def rd(p):
-    with open(p) as fh: return fh.read()
-def wr(p):
-    with open(p, "w") as fh: fh.write("x")
-out["uid"] = os.getuid()
-out["uid_map"] = rd("/proc/self/uid_map").split()
-st = dict(l.split(":", 1) for l in rd("/proc/self/status").splitlines() if ":" in l)
-for k in ("CapEff", "CapBnd", "NoNewPrivs"): out[k] = st[k].strip()
-r = libc.syscall(425, 8, ctypes.create_string_buffer(120)); out["io_uring_setup"] = "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
-r = libc.syscall(39); out["getpid"] = "ok" if r == os.getpid() else "bad"
-attempt("read_etc_chv", lambda: rd("/etc/chv/molecule-secret"))
-out["home"] = os.environ.get("HOME")
-attempt("read_credentials", lambda: rd(os.environ["HOME"] + "/.git-credentials"))
-attempt("read_ordinary", lambda: rd(os.environ["HOME"] + "/ordinary.txt"))
-attempt("read_etc", lambda: rd("/etc/os-release"))
-attempt("write_usr", lambda: wr("/usr/chv-molecule"))
-attempt("write_workspace", lambda: wr("/workspace/probe.txt"))
-gw = sys.argv[1]
-try:
-    s = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=5)
-    out["via_gateway"] = s.recv(16).decode()
-except OSError as e:
-    out["via_gateway"] = "error: %s" % e
-out["neigh"] = subprocess.run(["ip", "neigh", "show", gw], capture_output=True, text=True).stdout
-print(json.dumps(out))
-'''
+# The in-cell probe shared with tests/integration/cells (run with python3 -I -c, never imported).
+PROBE = (Path(__file__).resolve().parents[3] / "tests" / "probes" / "cell_probe.py").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +78,12 @@ def test_isolation_each_beside_its_control(host, policy):
         host.run("install -m 0600 /dev/null /etc/chv/molecule-secret && echo s > /etc/chv/molecule-secret")
         host.run("echo cred > %s/.git-credentials && chmod 0644 %s/.git-credentials" % (state, state))
         host.run("echo plain > %s/ordinary.txt && chmod 0644 %s/ordinary.txt" % (state, state))
-        host.run("cat > /tmp/chv-probe.py <<'EOF'\n%s\nEOF" % PROBE)
-        r = host.run("chv-cell run --slot %s -- python3 -I -c \"$(cat /tmp/chv-probe.py)\" %s %s %d"
-                     % (s0["name"], s0["gateway"], lab, srv.getsockname()[1]))
+        home = policy["agent_state_mount"]
+        checks = {"read": {"read_etc_chv": "/etc/chv/molecule-secret", "read_credentials": home + "/.git-credentials",
+                           "read_ordinary": home + "/ordinary.txt", "read_etc": "/etc/os-release"},
+                  "write": {"write_usr": "/usr/chv-molecule", "write_workspace": "/workspace/probe.txt"},
+                  "tcp": {"via_gateway": [lab, srv.getsockname()[1]]}, "neigh": s0["gateway"]}
+        r = host.run("chv-cell run --slot %s -- python3 -I -c %s %s", s0["name"], PROBE, json.dumps(checks))
     srv.close()
     assert r.rc == 0, r.stderr
     p = json.loads(r.stdout)

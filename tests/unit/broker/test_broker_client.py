@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 
-from broker_helpers import ROOT
+from testpaths import ROOT
 
 CLIENT = os.path.join(ROOT, "roles", "broker", "files", "chv_broker", "client.py")
 

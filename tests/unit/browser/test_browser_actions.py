@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from browser_helpers import FILES, ROOT
+from browser_helpers import FILES
+from testpaths import ROOT
 from chv_browser import policy, protocol, server
 
 

@@ -1,4 +1,4 @@
-"""pytest fixtures and hooks of the launcher tests. Constants and helpers live
+"""pytest fixtures of the launcher's unit tests. Constants and helpers live
 in cellrt.py: a module named conftest is not unique across the test
 directories, so tests import from cellrt, never from conftest."""
 
@@ -20,9 +20,3 @@ def policy(raw_policy):
 
     assert policymod.validate(raw_policy) == []
     return policymod.merged(raw_policy)
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "cells: runs real systemd-nspawn cells on this machine (root, nspawn, ip, nsenter needed)"
-    )

@@ -1,14 +1,12 @@
 """Fixtures shared by the plugin tests: a real process holding a slot lock
 the way the chv-cell launcher does."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-LAUNCHER_FILES = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..',
-                                              'roles', 'cell_runtime', 'files'))
+from testpaths import LAUNCHER_FILES
 
 # Takes the lock (plain flock, or the launcher's own claim.try_claim), says
 # "held <pid>", then keeps it until stdin closes.

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ansible_collections.chv.fleet.plugins.filter import layered as layered_mod
 from ansible_collections.chv.fleet.plugins.filter.layered import layered
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..', '..'))
+from testpaths import ROOT
+
 ROLE = os.path.join(ROOT, 'roles', 'cell_runtime')
 
 # The expressions of roles/cell_runtime/vars/main.yml before the filter

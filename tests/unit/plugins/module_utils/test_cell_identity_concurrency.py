@@ -13,9 +13,10 @@ import sys
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as ci
 
+from testpaths import ROOT
+
 WRITERS = 16
-MODULE = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..',
-                      'plugins', 'modules', 'cell_identity.py')
+MODULE = os.path.join(ROOT, 'plugins', 'modules', 'cell_identity.py')
 
 
 def _writer(path, name, barrier, queue):

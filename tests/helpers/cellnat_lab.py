@@ -25,11 +25,12 @@ import pytest
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
+from testpaths import PROBES, ROOT
+
+REPO = Path(ROOT)
 TEMPLATE = REPO / "roles" / "cell_nat" / "templates" / "cell-nat.nft.j2"
 STOP_FILE = REPO / "roles" / "cell_nat" / "files" / "cell-nat-stop.nft"
-PROBE = HERE / "cellnat_probe.py"
+PROBE = Path(PROBES) / "cellnat_probe.py"
 TIMEOUT = "0.6"
 
 

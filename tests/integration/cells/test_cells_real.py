@@ -27,6 +27,7 @@ import time
 import pytest
 
 from cellrt import ENTRY
+from testpaths import PROBES
 
 pytestmark = [
     pytest.mark.cells,
@@ -154,37 +155,8 @@ def test_network_is_up_before_the_payload_starts(env):
     assert "10.231.20.2\tlt-slot0" in r.stdout
 
 
-PROBE = r'''
-import ctypes, errno, json, os, socket, sys
-libc = ctypes.CDLL(None, use_errno=True)
-out = {}
-def attempt(key, fn):
-    try:
-        fn(); out[key] = "ok"
-    except OSError as e:
-        out[key] = errno.errorcode.get(e.errno, str(e.errno))
-def rd(p):
-    with open(p) as fh: return fh.read()
-def wr(p):
-    with open(p, "w") as fh: fh.write("x")
-out["uid"] = os.getuid()
-out["uid_map"] = rd("/proc/self/uid_map").split()
-st = dict(l.split(":", 1) for l in rd("/proc/self/status").splitlines() if ":" in l)
-for k in ("CapEff", "CapBnd", "NoNewPrivs"): out[k] = st[k].strip()
-r = libc.syscall(425, 8, ctypes.create_string_buffer(120)); out["io_uring_setup"] = "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
-r = libc.syscall(39); out["getpid"] = "ok" if r == os.getpid() else "bad"
-attempt("read_secret", lambda: rd(sys.argv[1]))
-attempt("read_ordinary", lambda: rd("/etc/os-release"))
-attempt("write_usr", lambda: wr("/usr/chv-celltest"))
-attempt("write_workspace", lambda: wr("/workspace/probe.txt"))
-attempt("gate_write", lambda: os.close(os.open("/run/chv-gate", os.O_WRONLY | os.O_NONBLOCK)))
-attempt("gate_read", lambda: os.close(os.open("/run/chv-gate", os.O_RDONLY | os.O_NONBLOCK)))
-s = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=3)
-out["gateway_tcp"] = s.recv(16).decode()
-out["env"] = {k: os.environ.get(k) for k in ("CHV_CELL", "CHV_SLOT")}
-out["cwd"] = os.getcwd()
-print(json.dumps(out))
-'''
+with open(os.path.join(PROBES, "cell_probe.py")) as _fh:
+    PROBE = _fh.read()
 
 
 def listener(addr):
@@ -210,8 +182,10 @@ def listener(addr):
 def probe(env, policy):
     srv = listener("10.231.20.1")
     try:
-        r = run(policy, "--slot", "slot0", "--", "python3", "-I", "-c", PROBE, env["secret"], "10.231.20.1",
-                str(srv.getsockname()[1]))
+        checks = {"read": {"read_secret": env["secret"], "read_ordinary": "/etc/os-release"},
+                  "write": {"write_usr": "/usr/chv-celltest", "write_workspace": "/workspace/probe.txt"},
+                  "gate": "/run/chv-gate", "tcp": {"gateway_tcp": ["10.231.20.1", srv.getsockname()[1]]}}
+        r = run(policy, "--slot", "slot0", "--", "python3", "-I", "-c", PROBE, json.dumps(checks))
     finally:
         srv.close()
     assert r.returncode == 0, r.stderr

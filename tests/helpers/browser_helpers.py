@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-FILES = os.path.join(ROOT, "roles", "browser", "files")
+from testpaths import BROWSER_FILES as FILES
+
 sys.path.insert(0, FILES)
 
 from chv_browser import wire  # noqa: E402

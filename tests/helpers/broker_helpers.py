@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-FILES = os.path.join(ROOT, "roles", "broker", "files")
+from testpaths import BROKER_FILES as FILES
+
 sys.path.insert(0, FILES)
 
 from chv_broker import server, wire  # noqa: E402

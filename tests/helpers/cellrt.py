@@ -1,10 +1,12 @@
 """Make the launcher package (roles/cell_runtime/files/chv_cell) importable
-and provide a small, valid policy for the tests (fixtures: conftest.py)."""
+and provide a small, valid policy for the tests (fixtures:
+tests/unit/cell_runtime/conftest.py)."""
 
 import os
 import sys
 
-FILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "roles", "cell_runtime", "files"))
+from testpaths import LAUNCHER_FILES as FILES
+
 if FILES not in sys.path:
     sys.path.insert(0, FILES)
 

@@ -13,6 +13,13 @@ CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
 LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "install_path: the checks the install scenario runs (molecule/install/molecule.yml: -m install_path): "
+                   "the guest, a cell, the broker, the browser, the NAT and the executor's way in, once each; the "
+                   "default and trixie scenarios run every test")
+
+
 class Reply(object):
     """One client run: exit status (0 ok, 1 refused, 2 no reply) and the reply."""
 

@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# Every check of the guest is part of the install path's proof (molecule/install).
+pytestmark = pytest.mark.install_path
+
 
 def test_guest_runs_systemd_as_pid1(host):
     assert host.file("/proc/1/comm").content_string.strip() == "systemd"

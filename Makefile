@@ -128,7 +128,7 @@ lab-tests: venv sysdeps
 
 molecule: $(SCENARIOS:%=molecule-%)
 
-molecule-%: venv sysdeps
+$(SCENARIOS:%=molecule-%): molecule-%: venv sysdeps
 	PATH=$(VENV)/bin:$$PATH molecule test -s $*
 
 # The second leg: Python 3.12 with ansible-core 2.21: lint, sanity and the
@@ -149,7 +149,7 @@ test: sysdeps venv
 	  if [ -n "$$unlaned" ]; then echo "make test: no lane runs$$unlaned (LANE_* in the Makefile)"; exit 1; fi
 	$(MAKE) --no-print-directory -j$(words $(LANES)) $(LANES:%=lane-%)
 
-lane-%:
+$(LANES:%=lane-%): lane-%:
 	$(MAKE) --no-print-directory -j1 $(LANE_$*) 2>&1 | sed -u 's/^/[$*] /'
 
 build: venv

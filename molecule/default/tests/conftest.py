@@ -5,9 +5,13 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+# tests/helpers: what the verifier shares with the integration suites (testpaths, listeners).
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "helpers"))
 
 CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
 LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))

@@ -7,18 +7,20 @@ host, the guest's own default gateway, via the cell_nat masquerade).
 """
 
 import json
-import socket
-import threading
-from pathlib import Path
+import os
 
 import pytest
+
+from listeners import hello_listener
+from testpaths import PROBES
 
 POLICY = "/etc/chv-fleet/cell-policy.json"
 CAPS = {"CAP_NET_ADMIN": 12, "CAP_NET_RAW": 13, "CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17,
         "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_SYS_BOOT": 22, "CAP_MKNOD": 27}
 
 # The in-cell probe shared with tests/integration/cells (run with python3 -I -c, never imported).
-PROBE = (Path(__file__).resolve().parents[3] / "tests" / "probes" / "cell_probe.py").read_text()
+with open(os.path.join(PROBES, "cell_probe.py")) as _fh:
+    PROBE = _fh.read()
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +64,7 @@ def test_isolation_each_beside_its_control(host, policy):
     s0 = policy["slots"][0]
     state = "%s/%s" % (policy["agent_state_root"], s0["name"])
     lab = _lab_host_address(host)
-    srv = socket.socket()
-    srv.bind((lab, 0))  # the controller is the lab host: a listener beyond the gateway + NAT
-    srv.listen(1)
-    srv.settimeout(30)
-
-    def serve():
-        try:
-            c, dummy = srv.accept()
-            c.sendall(b"hello")
-            c.close()
-        except OSError:
-            pass
-
-    threading.Thread(target=serve, daemon=True).start()
+    srv = hello_listener(lab, timeout=30)  # the controller is the lab host: beyond the gateway + NAT
     with host.sudo():
         host.run("install -m 0600 /dev/null /etc/chv/molecule-secret && echo s > /etc/chv/molecule-secret")
         host.run("echo cred > %s/.git-credentials && chmod 0644 %s/.git-credentials" % (state, state))

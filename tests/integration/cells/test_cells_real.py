@@ -21,12 +21,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from cellrt import ENTRY
+from listeners import hello_listener
 from testpaths import PROBES
 
 pytestmark = [
@@ -159,28 +159,8 @@ with open(os.path.join(PROBES, "cell_probe.py")) as _fh:
     PROBE = _fh.read()
 
 
-def listener(addr):
-    """TCP listener on the slot's gateway address, bound before it exists (IP_FREEBIND)."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_IP, 15, 1)  # IP_FREEBIND
-    srv.bind((addr, 0))
-    srv.listen(4)
-    srv.settimeout(20)
-
-    def serve():
-        try:
-            c, dummy = srv.accept()
-            c.sendall(b"hello")
-            c.close()
-        except OSError:
-            pass
-
-    threading.Thread(target=serve, daemon=True).start()
-    return srv
-
-
 def probe(env, policy):
-    srv = listener("10.231.20.1")
+    srv = hello_listener("10.231.20.1", freebind=True)
     try:
         checks = {"read": {"read_secret": env["secret"], "read_ordinary": "/etc/os-release"},
                   "write": {"write_usr": "/usr/chv-celltest", "write_workspace": "/workspace/probe.txt"},

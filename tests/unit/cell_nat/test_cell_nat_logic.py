@@ -148,23 +148,21 @@ def test_overlap_math_agrees_with_brute_force(a, b):
 
 # ---------------------------------------------------------------- slots
 
-def test_slots_are_validated_with_their_position():
-    bad = slots(3)
-    bad[2].update(subnet="10.200.1.128/25", gateway="10.200.1.129")
-    with pytest.raises(CellNatError, match=r"^cell_nat_slots\[2\]\.subnet: 10.200.1.128/25 overlaps slot slot1"):
+@pytest.mark.parametrize("count, index, change, message", [
+    (3, 2, {"subnet": "10.200.1.128/25", "gateway": "10.200.1.129"},
+     r"^cell_nat_slots\[2\]\.subnet: 10.200.1.128/25 overlaps slot slot1"),
+    (2, 1, {"host_ifname": "chvh0"}, r"^cell_nat_slots\[1\]\.host_ifname: 'chvh0' duplicates"),
+    (1, 0, {"host_ifname": "a-very-long-name"}, r"^cell_nat_slots\[0\]\.host_ifname"),  # 16 bytes > IFNAMSIZ-1
+    (1, 0, {"gateway": "10.201.0.1"}, r"^cell_nat_slots\[0\]\.gateway: 10.201.0.1 is not inside"),
+])
+def test_slots_are_validated_with_their_position(count, index, change, message):
+    bad = slots(count)
+    bad[index].update(change)
+    with pytest.raises(CellNatError, match=message):
         plan(slots=bad)
-    bad = slots(2)
-    bad[1]["host_ifname"] = "chvh0"
-    with pytest.raises(CellNatError, match=r"^cell_nat_slots\[1\]\.host_ifname: 'chvh0' duplicates"):
-        plan(slots=bad)
-    bad = slots(1)
-    bad[0]["host_ifname"] = "a-very-long-name"           # 16 bytes > IFNAMSIZ-1
-    with pytest.raises(CellNatError, match=r"^cell_nat_slots\[0\]\.host_ifname"):
-        plan(slots=bad)
-    bad = slots(1)
-    bad[0]["gateway"] = "10.201.0.1"
-    with pytest.raises(CellNatError, match=r"^cell_nat_slots\[0\]\.gateway: 10.201.0.1 is not inside"):
-        plan(slots=bad)
+
+
+def test_a_slot_without_a_subnet_is_refused():
     with pytest.raises(CellNatError, match=r"^cell_nat_slots\[0\]: missing 'subnet'"):
         plan(slots=[{"name": "s", "host_ifname": "chvh0"}])
 

@@ -24,7 +24,7 @@ Layout:
   ledger releases or changes, and which of them have a running cell (the
   launcher's slot lock is held, or the slot's veth exists).  The probe is a
   parameter, so the logic is tested without root.
-* ``LedgerLock``, ``load_ledger()``, ``write_ledger_text()``,
+* ``LedgerLock``, ``read_ledger_bytes()``, ``write_ledger_text()``,
   ``update_ledger()``: the locked, atomic read-modify-write of the ledger.
 """
 
@@ -707,30 +707,6 @@ def read_ledger_bytes(path):
         if exc.errno == errno.ENOENT:
             return None
         raise LedgerError('%s cannot be read: %s' % (path, exc.strerror), path)
-
-
-def load_ledger(path=DEFAULT_LEDGER, missing_ok=False):
-    """Read-only access (tests, tools): validated ledger dict.
-
-    Raises LedgerError naming ``path`` when the file is missing (unless
-    ``missing_ok``, then returns None), unreadable or corrupt."""
-    raw = read_ledger_bytes(path)
-    if raw is None:
-        if missing_ok:
-            return None
-        raise LedgerError('%s does not exist: no slot identities have been allocated '
-                          '(run the chv.fleet.cell_identity module)' % path, path)
-    return parse_ledger(raw, path)
-
-
-def slot_identity(ledger, name, path=None):
-    """One slot's record; LedgerError when the slot is unknown."""
-    try:
-        return ledger['slots'][name]
-    except KeyError:
-        raise LedgerError('%s has no slot %r (slots: %s)'
-                          % (path or 'ledger', name, ', '.join(sorted(ledger['slots'])) or 'none'),
-                          path)
 
 
 # ---------------------------------------------------------------------------

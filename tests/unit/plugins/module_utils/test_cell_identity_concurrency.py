@@ -53,7 +53,7 @@ def test_sixteen_processes_allocate_without_duplicates(tmp_path):
         proc.join(60)
         assert proc.exitcode == 0
     assert all(added == [name] for name, _rec, added in results), results
-    ledger = ci.load_ledger(path)
+    ledger = ci.parse_ledger(ci.read_ledger_bytes(path), path)
     _assert_unique(ledger, WRITERS)
     for name, rec, _added in results:
         assert ledger['slots'][name] == rec      # what each writer was told is what was kept
@@ -78,6 +78,6 @@ def test_sixteen_module_runs_allocate_without_duplicates(tmp_path):
         assert proc.returncode == 0, (out, err)
         outputs.append(json.loads(out))
     assert all(o['changed'] and len(o['added']) == 1 for o in outputs), outputs
-    ledger = ci.load_ledger(path)
+    ledger = ci.parse_ledger(ci.read_ledger_bytes(path), path)
     _assert_unique(ledger, WRITERS)
     assert sorted(ledger['slots']) == sorted('m%d' % i for i in range(WRITERS))

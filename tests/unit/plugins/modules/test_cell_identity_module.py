@@ -100,7 +100,7 @@ def test_corrupt_ledger_fails_naming_file_then_recover(tmp_path, capsys):
     assert ledger.read_text().endswith('"uid_m')
     result = run(capsys, slots=1, ledger=str(ledger), recover=True)
     assert result['changed'] and result['backup_file'].startswith(str(ledger) + '.corrupt-')
-    ci.load_ledger(str(ledger))
+    ci.parse_ledger(ci.read_ledger_bytes(str(ledger)), str(ledger))
 
 
 def test_settings_change_fails_without_reassign(tmp_path, capsys):
@@ -155,7 +155,7 @@ def test_running_cell_is_not_released_without_force(tmp_path, capsys, monkeypatc
     assert [c['slot'] for c in result['running']] == ['slot2']
     assert len(warned) == 1 and warned[0].startswith(
         'slot slot2 has a running cell (pid 4242, lock %s): released anyway (force: true)' % lock)
-    assert [r['name'] for r in ci.load_ledger(str(ledger))['slots'].values()] == ['slot0']
+    assert [r['name'] for r in ci.parse_ledger(ci.read_ledger_bytes(str(ledger)))['slots'].values()] == ['slot0']
     holder.stop()
 
 

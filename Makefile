@@ -124,7 +124,7 @@ integration-browser: venv browser-venv sysdeps
 integration: $(INTEGRATION:%=integration-%)
 
 lab-tests: venv sysdeps
-	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/lab -q -p no:cacheprovider
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/lab -q -p no:cacheprovider --durations=10
 
 molecule: $(SCENARIOS:%=molecule-%)
 

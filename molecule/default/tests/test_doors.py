@@ -363,7 +363,7 @@ def test_a_live_slot_is_not_released_and_a_forced_release_cuts_its_cell_off(host
             refused = run_roles(["chv.fleet.cell_runtime", "chv.fleet.cell_nat"], {"chv_cell_slots": 1},
                                 expect_ok=False)
             assert refused.returncode != 0
-            # ansible-core 2.19 prints a failed task on stderr, the rest on stdout: read both.
+            # Molecule turns on display_failed_stderr (its ansible.cfg, inherited here): a failed task goes to stderr.
             said = refused.stdout + refused.stderr
             assert "slot %s has a running cell (pid %d" % (s1["name"], pid) in said, said[-3000:]
             assert s1["host_ifname"] in host.check_output("nft list set inet chv_cell cell_ifs")

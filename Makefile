@@ -32,7 +32,7 @@ SYS_PACKAGES := systemd-container mmdebstrap nftables iproute2 zstd openssh-clie
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml
 # the suites under tests/integration (one make target each: integration-<suite>)
-INTEGRATION := cells netns broker browser
+INTEGRATION := cells netns broker browser playbooks
 # make test: three lanes at once, each a chain run in order (-j1 inside a
 # lane). Each lane's lines carry its name; a failing stage stops its lane,
 # and make reports the failure once every lane has ended. The lanes touch
@@ -114,7 +114,8 @@ units: venv
 #   netns:   the cell_nat ruleset loaded in network namespaces (and its playbook)
 #   broker:  chv-broker on real Unix sockets, peers and git workers as cell uids
 #   browser: chv-browser driving Debian's chromium through Playwright
-integration-cells integration-netns integration-broker: venv sysdeps
+#   playbooks: site.yml's rollout keywords on throwaway inventories (check mode)
+integration-cells integration-netns integration-broker integration-playbooks: venv sysdeps
 	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/integration/$(@:integration-%=%) -q -p no:cacheprovider
 
 integration-browser: venv browser-venv sysdeps

@@ -75,6 +75,16 @@ def test_good_values_would_change_the_guest(guest):
 ])
 def test_bad_value_fails_before_any_change(guest, extra, needle):
     proc, counts = site("-e", json.dumps(extra))
+    _refused_before_any_change(proc, counts, needle)
+
+
+def test_a_tagged_run_checks_every_role_first(guest):
+    # --tags cell_nat runs one role, yet a bad value of another role's variable still stops it first
+    proc, counts = site("--tags", "cell_nat", "-e", json.dumps({"chv_broker_sync_isolation": "chroot"}))
+    _refused_before_any_change(proc, counts, "chv_broker_sync_isolation")
+
+
+def _refused_before_any_change(proc, counts, needle):
     assert proc.returncode != 0
     fatal = [m for m in proc.stdout.splitlines() if m.startswith("fatal: ")]
     assert fatal and needle in "\n".join(fatal), proc.stdout[-3000:]

@@ -1,0 +1,91 @@
+"""site.yml's rollout keywords, run by ansible-playbook on throwaway inventories.
+
+Every host but the switched-off one is this machine (ansible_connection
+local) and the runs are `--check --tags nothing`: only the always-tagged
+pre-tasks run (the rollout checks, fact gathering, the support check and
+the role variable checks, all read-only), no role task. The switched-off
+host points at a closed port on loopback: contacting it would make it
+unreachable."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from testpaths import ROOT
+
+BIN = os.path.dirname(sys.executable)
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+
+
+def site(tmp_path, group_vars=None, host_vars=None, extra=None):
+    inventory = {"all": {"children": {
+        "chv_fleet": {"hosts": {h: dict(LOCAL) for h in ("h1", "h2", "h3")}},
+        "elsewhere": {"hosts": {"h4": dict(LOCAL)}}}}}
+    for host, values in (host_vars or {}).items():
+        inventory["all"]["children"]["chv_fleet"]["hosts"][host].update(values)
+    if group_vars:
+        inventory["all"]["children"]["chv_fleet"]["vars"] = group_vars
+    (tmp_path / "inventory.yml").write_text(json.dumps(inventory))
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
+            os.path.join(ROOT, "site.yml"), "--check", "--tags", "nothing"]
+    if extra:
+        argv += ["-e", json.dumps(extra)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+    return proc, proc.stdout + proc.stderr
+
+
+def recap(out):
+    return dict((h, dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", rest)))
+                for h, rest in re.findall(r"^(\w+)\s+:\s+(ok=.*)$", out.split("PLAY RECAP")[-1], re.M))
+
+
+def batches(out):
+    """The hosts of each batch, from the first task that every batch runs."""
+    found = []
+    for chunk in out.split("TASK [Refuse rollout settings from the inventory that Ansible ignores]")[1:]:
+        found.append(sorted(set(re.findall(r"^(?:ok|fatal|skipping): \[(\w+)\]", chunk.split("TASK [")[0], re.M))))
+    return found
+
+
+def test_default_rollout_is_a_canary_then_the_rest_of_chv_fleet_only(tmp_path):
+    proc, out = site(tmp_path)
+    # three hosts: 1, then 10 % (at least one), then the rest
+    assert batches(out) == [["h1"], ["h2"], ["h3"]], out[-3000:]
+    assert "h4" not in recap(out) and "[h4]" not in out
+
+
+def test_batches_from_extra_vars_are_applied(tmp_path):
+    proc, out = site(tmp_path, extra={"chv_fleet_batches": [2]})
+    assert batches(out) == [["h1", "h2"], ["h3"]], out[-3000:]
+
+
+def test_batches_from_the_inventory_are_refused_not_ignored(tmp_path):
+    proc, out = site(tmp_path, group_vars={"chv_fleet_batches": [2]})
+    assert proc.returncode != 0
+    assert "chv_fleet_batches=[2]" in out and "Set them with -e" in out, out[-3000:]
+    assert recap(out)["h1"]["failed"] == 1
+    # control: the same value given with -e is accepted
+    proc, out = site(tmp_path, group_vars={"chv_fleet_batches": [2]}, extra={"chv_fleet_batches": [2]})
+    assert "Set them with -e" not in out, out[-3000:]
+
+
+def test_a_target_from_the_inventory_is_refused(tmp_path):
+    proc, out = site(tmp_path, group_vars={"chv_fleet_target": "elsewhere"})
+    assert proc.returncode != 0 and 'chv_fleet_target=\\"elsewhere\\"' in out, out[-3000:]
+    # control: the target given with -e runs on that group only
+    proc, out = site(tmp_path, extra={"chv_fleet_target": "elsewhere"})
+    assert batches(out) == [["h4"]], out[-3000:]
+
+
+def test_a_switched_off_host_is_skipped_without_being_contacted(tmp_path):
+    off = {"chv_fleet_enabled": False, "ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1}
+    proc, out = site(tmp_path, host_vars={"h2": off})
+    assert "h2: chv_fleet_enabled is false; skipped, not contacted, nothing changed" in out, out[-3000:]
+    assert recap(out)["h2"]["unreachable"] == 0 and recap(out)["h2"]["failed"] == 0
+    # control: the same host switched on is contacted, and unreachable
+    off["chv_fleet_enabled"] = True
+    proc, out = site(tmp_path, host_vars={"h2": off})
+    assert recap(out)["h2"]["unreachable"] == 1, out[-3000:]

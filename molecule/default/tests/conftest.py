@@ -3,6 +3,7 @@ from inside a real cell (chv-cell run) and from guest processes outside any cell
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -144,6 +145,29 @@ def run_roles(roles, extra_vars, expect_ok=True):
     if expect_ok:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return proc
+
+
+CONVERGE = Path(__file__).resolve().parents[2] / "shared" / "converge.yml"
+
+
+def run_converge(args, expect_ok=True):
+    """The scenario's own converge (the lab's guest settings, then site.yml)
+    again, with extra ansible-playbook arguments (--check, --tags, -e ...).
+    Returns (process, {host: recap counts}, [names of the tasks that changed])."""
+    proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(CONVERGE)] + list(args),
+                          capture_output=True, text=True, check=False, timeout=900)
+    out = proc.stdout + proc.stderr
+    if expect_ok:
+        assert proc.returncode == 0, out[-4000:]
+    recap = {h: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
+             for h, rest in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", out.split("PLAY RECAP")[-1], re.M)}
+    changed, task = [], None
+    for line in proc.stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[6:line.rindex("]")]
+        elif line.startswith("changed: ") and task not in changed:
+            changed.append(task)
+    return proc, recap, changed
 
 
 def lab_guest(host):

@@ -12,21 +12,24 @@ def test_check_mode_on_the_converged_guest_reports_no_change(host):
     assert recap[name]["failed"] == 0 and recap[name]["changed"] == 0, (changed, proc.stdout[-3000:])
 
 
-def test_tags_cell_nat_changes_the_ruleset_only(host):
+def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet(host):
     name = host.backend.get_hostname()
     ruleset = "/etc/chv-fleet/nft/cell-nat.nft"
-    deny = {"cell_nat_egress_deny": [{"cidr": "198.51.100.77/32", "comment": "rollout-test"}]}
+    # a host's deny entry extends the fleet's (layered), it does not replace it
+    deny = {"cell_nat_egress_deny": [{"cidr": "198.51.100.77/32", "comment": "rollout-test"}],
+            "cell_nat_egress_deny_host": [{"cidr": "198.51.100.78/32", "comment": "rollout-test host"}]}
     try:
         proc, recap, changed = run_converge(["--tags", "cell_nat", "-e", json.dumps(deny)])
         assert recap[name]["changed"] > 0
         # every task that changed belongs to cell_nat (and the ruleset is what changed)
         assert changed and all(t.startswith("chv.fleet.cell_nat : ") for t in changed), changed
         with host.sudo():
-            assert "198.51.100.77" in host.file(ruleset).content_string
-            assert "198.51.100.77" in host.check_output("nft list table inet chv_cell")
+            loaded = host.check_output("nft list table inet chv_cell")
+            for addr in ("198.51.100.77", "198.51.100.78"):
+                assert addr in host.file(ruleset).content_string and addr in loaded, addr
     finally:
         # control: the plain converge takes the deny entry out again, changing cell_nat only
         proc, recap, changed = run_converge(["--tags", "cell_nat"])
     assert all(t.startswith("chv.fleet.cell_nat : ") for t in changed), changed
     with host.sudo():
-        assert "198.51.100.77" not in host.file(ruleset).content_string
+        assert "198.51.100.7" not in host.file(ruleset).content_string

@@ -248,6 +248,10 @@ def test_the_oracle_can_tell_a_difference():
 OVERRIDES = {
     'defaults': {},
     'plain': {
+        # dicts layered key by key: a host's MemoryMax keeps TasksMax; null drops CPUQuota
+        'chv_cell_properties_host': {'MemoryMax': '2G'},
+        'chv_cell_properties': {'CPUQuota': None},
+        'chv_cell_rlimits_group': {'NOFILE': '1024'},
         'chv_cell_drop_capabilities': ['CAP_WAKE_ALARM', 'CAP_SYS_ADMIN'],
         'chv_cell_drop_capabilities_group': ['CAP_AUDIT_WRITE', 'CAP_WAKE_ALARM'],
         'chv_cell_drop_capabilities_host': ['cap_sys_admin', 'CAP_BLOCK_SUSPEND', 'CAP_AUDIT_WRITE'],
@@ -371,3 +375,14 @@ def test_role_defaults_render_the_documented_lists(rendered):
         '/APP', '/data', '/run/chv/shots', '/b', '/etc/ssl/certs', '/zz']
     assert binds['writable_binds'] == [{'source': '/srv/out3', 'target': '/out'},
                                        {'source': '/run/chv2', 'target': '/run/chv', 'optional': True}]
+
+
+def test_role_layers_the_limit_dicts_key_by_key(rendered):
+    with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
+        defaults = yaml.safe_load(handle)
+    policy = json.loads(rendered['defaults']['policy'])
+    assert policy['properties'] == defaults['chv_cell_properties_default']
+    assert policy['rlimits'] == defaults['chv_cell_rlimits_default']
+    policy = json.loads(rendered['plain']['policy'])
+    assert policy['properties'] == {'MemoryMax': '2G', 'TasksMax': 1024}
+    assert policy['rlimits'] == dict(defaults['chv_cell_rlimits_default'], NOFILE='1024')

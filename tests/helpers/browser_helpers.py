@@ -172,6 +172,11 @@ class BrowserProc:
     def call(self, req, timeout=60):
         return wire.call(self.cfg["socket"], req, timeout)
 
+    def log_tail(self, size=3000):
+        """The end of the service's stderr, for failure messages."""
+        with open(self.log, "rb") as fh:
+            return fh.read()[-size:].decode("utf-8", "replace")
+
     def stop(self):
         self.proc.terminate()
         try:

@@ -34,7 +34,9 @@ def test_a_stuck_slot_does_not_hold_up_another(site):
                                                        "url": site + "/stall/" + key})
         t_snap = None
         try:
-            assert STALL.arrived(key).wait(120), "slot0's navigation never reached the test server"
+            # generous: chromium's first start on a loaded 2-core machine (make test runs lanes at once)
+            assert STALL.arrived(key).wait(300), ("slot0's navigation never reached the test server", replies,
+                                                  b.log_tail())
             # same slot: must wait for slot0's open, not run alongside it
             t_snap = _call_in_thread(b, replies, "snap0", {"slot": "slot0", "action": "snapshot"})
             rep1 = b.call({"slot": "slot1", "action": "open", "url": site + "/"})
@@ -142,7 +144,8 @@ def test_idle_contexts_are_reaped_and_shutdown_closes_chromium(site):
         t_open = _call_in_thread(b, replies, "open", {"slot": "slotS", "action": "open",
                                                       "url": site + "/stall/" + key})
         try:
-            assert STALL.arrived(key).wait(120), "slotS's navigation never reached the test server"
+            assert STALL.arrived(key).wait(300), ("slotS's navigation never reached the test server", replies,
+                                                  b.log_tail())
             chromium = [p for p in _descendants(b.proc.pid) if _running(p)]
             assert chromium, "no chromium below the service"
             b.stop()

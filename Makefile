@@ -35,15 +35,16 @@ DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml
 INTEGRATION := cells netns broker browser playbooks
 # make test: four lanes at once, each a chain run in order (-j1 inside a
 # lane). The install scenario waits on the Debian mirror more than on the
-# CPU: a lane of its own. Each lane's lines carry its name; a failing stage stops its lane,
+# CPU, so the lab tests follow it in its lane. Each lane's lines carry its
+# name; a failing stage stops its lane,
 # and make reports the failure once every lane has ended. The lanes touch
 # nothing in common: the host lane uses this machine's own namespaces (veths
 # lth*, netns cnt-*), each lab its own network, table and guests; the image
 # and wheel caches are shared under locks.
 LANE_host := lint sanity units install-check integration test-leg312
 LANE_guests1 := molecule-default
-LANE_guests2 := molecule-trixie lab-tests
-LANE_guests3 := molecule-install
+LANE_guests2 := molecule-trixie
+LANE_guests3 := molecule-install lab-tests
 LANES := host guests1 guests2 guests3
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
@@ -152,8 +153,13 @@ test: sysdeps venv
 	  if [ -n "$$unlaned" ]; then echo "make test: no lane runs$$unlaned (LANE_* in the Makefile)"; exit 1; fi
 	$(MAKE) --no-print-directory -j$(words $(LANES)) $(LANES:%=lane-%)
 
+# A lane runs its stages in order and stops at the first that fails; each
+# stage's wall-clock time is printed (where make test's time goes).
 $(LANES:%=lane-%): lane-%:
-	$(MAKE) --no-print-directory -j1 $(LANE_$*) 2>&1 | sed -u 's/^/[$*] /'
+	@for stage in $(LANE_$*); do start=$$(date +%s); \
+	  if ! $(MAKE) --no-print-directory -j1 $$stage; then \
+	    echo "make test: $$stage FAILED after $$(( $$(date +%s) - start )) s"; exit 1; fi; \
+	  echo "make test: $$stage passed in $$(( $$(date +%s) - start )) s"; done 2>&1 | sed -u 's/^/[$*] /'
 
 build: venv
 	mkdir -p $(BUILD)/dist

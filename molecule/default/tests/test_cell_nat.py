@@ -176,13 +176,17 @@ def test_metadata_address_dropped(host, lab):
     assert counters(host)["drop_link_local"] > before["drop_link_local"]
 
 
-def test_deny_and_allow_lists(host, lab):
-    s0, out, me = lab["slots"][0]["name"], lab["out"], lab["uplink_addr"]
+def test_policy_variants_deny_allow_uplink_and_foreign_chains(host, lab):
+    """The policy variants, applied by re-running cell_nat, in one sequence
+    so that each re-run does double duty (every converge of the role costs
+    a minute under `make test`): allow and deny lists, then an uplink
+    override, then the restoring run (beside a foreign drop chain, which it
+    must report), then cell_nat_strict, which must refuse that chain."""
+    s0, out, me, uplink = lab["slots"][0]["name"], lab["out"], lab["uplink_addr"], lab["uplink"]
+    # control, on the scenario's own policy (no allow list): every port of the outside answers
+    assert in_cell(host, s0, out, UNLISTED_PORT) == me
+    assert in_cell(host, s0, out, DENIED_PORT) == me
     try:
-        converge({"cell_nat_egress_deny": [{"cidr": out, "proto": "tcp", "ports": [DENIED_PORT]}]})
-        assert in_cell(host, s0, out, DENIED_PORT) is None
-        assert in_cell(host, s0, out, OUT_PORT) == me
-        assert in_cell(host, s0, out, UNLISTED_PORT) == me           # no allow list: open
         converge({"cell_nat_egress_allow": [{"cidr": out, "proto": "tcp", "ports": ["%d-%d" % (OUT_PORT, DENIED_PORT)]}],
                   "cell_nat_egress_deny": [{"cidr": out, "proto": "tcp", "ports": [DENIED_PORT]}]})
         before = counters(host)
@@ -192,34 +196,24 @@ def test_deny_and_allow_lists(host, lab):
         after = counters(host)
         assert after["drop_not_allowed"] > before["drop_not_allowed"]
         assert after["drop_denied"] > before["drop_denied"]
-    finally:
-        converge({})
-    assert in_cell(host, s0, out, UNLISTED_PORT) == me
 
-
-def test_uplink_override_replaces_every_reference(host, lab):
-    s0, uplink = lab["slots"][0]["name"], lab["uplink"]
-    try:
         converge({"cell_nat_uplink": "lo"})
         table = host.check_output("nft -j list set inet chv_cell uplink_ifs")
         assert '"%s"' % uplink not in table and '"lo"' in table
-        assert in_cell(host, s0, lab["out"], OUT_PORT) is None       # fails closed
+        assert in_cell(host, s0, out, OUT_PORT) is None                # fails closed
     finally:
-        converge({})
+        host.check_output("nft 'add table ip cnt_foreign; add chain ip cnt_foreign FORWARD "
+                          "{ type filter hook forward priority 0; policy drop; }'")
+        try:
+            restored = converge({})
+            strict = converge({"cell_nat_strict": True}, expect_ok=False)
+        finally:
+            host.run("nft delete table ip cnt_foreign")
+    assert "table ip cnt_foreign, chain FORWARD (hook forward, priority 0): policy drop" in \
+        restored.stdout + restored.stderr
+    assert strict.returncode != 0 and "cell_nat_strict is set" in strict.stdout + strict.stderr
+    # the restored policy: the uplink is back, nothing listed, nothing denied
     table = host.check_output("nft -j list set inet chv_cell uplink_ifs")
     assert '"lo"' not in table and '"%s"' % uplink in table
-    assert in_cell(host, s0, lab["out"], OUT_PORT) == lab["uplink_addr"]
-
-
-def test_foreign_drop_chain_reported_and_strict_fails(host, lab):
-    host.check_output("nft 'add table ip cnt_foreign; add chain ip cnt_foreign FORWARD "
-                      "{ type filter hook forward priority 0; policy drop; }'")
-    try:
-        proc = converge({})
-        assert "table ip cnt_foreign, chain FORWARD (hook forward, priority 0): policy drop" in \
-            proc.stdout + proc.stderr
-        proc = converge({"cell_nat_strict": True}, expect_ok=False)
-        assert proc.returncode != 0 and "cell_nat_strict is set" in proc.stdout + proc.stderr
-    finally:
-        host.run("nft delete table ip cnt_foreign")
-    assert in_cell(host, lab["slots"][0]["name"], lab["out"], OUT_PORT) == lab["uplink_addr"]
+    assert in_cell(host, s0, out, UNLISTED_PORT) == me
+    assert in_cell(host, s0, out, DENIED_PORT) == me

@@ -1,4 +1,5 @@
 """sync: the git host allow-list (chv_broker_sync_hosts)."""
+import functools
 import os
 import re
 
@@ -208,6 +209,7 @@ def test_ipv6_by_value(addr, port):
 
 # ------------------------------------------------------------------ the entry syntax, in Python and in validate.yml
 
+@functools.lru_cache(maxsize=None)
 def _entry_re():
     with open(os.path.join(ROOT, "roles", "broker", "vars", "main.yml")) as fh:
         data = yaml.safe_load(fh)

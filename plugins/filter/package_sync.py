@@ -34,8 +34,8 @@ def package_sync(sources, installed, uid=0, gid=0):
     no source is removed."""
     if isinstance(sources, (str, bytes)) or not isinstance(installed, list):
         raise AnsibleFilterError('chv.fleet.package_sync: expects a list of source files and the files '
-                                 'list of a find result, got %r and %r' % (type(sources).__name__,
-                                                                            type(installed).__name__))
+                                 'list of a find result, got %r and %r'
+                                 % (type(sources).__name__, type(installed).__name__))
     present = {}
     for entry in installed:
         if not isinstance(entry, dict) or 'path' not in entry:

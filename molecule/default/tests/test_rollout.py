@@ -11,6 +11,8 @@ from conftest import run_converge
 # site.yml's check mode and tags do not depend on the distribution: each is
 # proven once, check mode in the trixie scenario and the tag in the default
 # one (each re-runs site.yml: make test's time budget, lanes kept even).
+
+
 def only_in(scenario):
     return pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME") != scenario,
                               reason="distribution-independent: runs in the %s scenario" % scenario)

@@ -30,7 +30,7 @@ def sources(tmp_path):
 def test_a_fresh_host_gets_every_file_with_its_mode(sources):
     assert package_sync(sources, []) == {
         "install": [{"src": sources[1], "name": "a.py", "mode": "0644"},
-                 {"src": sources[0], "name": "run.py", "mode": "0755"}],
+                    {"src": sources[0], "name": "run.py", "mode": "0755"}],
         "remove": []}
 
 
@@ -93,7 +93,7 @@ def test_against_the_find_module(tmp_path, sources):
     uid, gid = os.getuid(), os.getgid()
     result = package_sync(sources, found, uid=uid, gid=gid)
     assert result == {"install": [{"src": sources[1], "name": "a.py", "mode": "0644"},
-                               {"src": sources[0], "name": "run.py", "mode": "0755"}],
+                                  {"src": sources[0], "name": "run.py", "mode": "0755"}],
                       "remove": [str(inst / "stale.py")]}
     # once the directory equals the sources, nothing is left to do
     (inst / "a.py").write_bytes(b"A = 1\n")

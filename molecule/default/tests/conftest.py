@@ -23,6 +23,14 @@ def pytest_configure(config):
         "markers", "install_path: the checks the install scenario runs (molecule/install/molecule.yml: -m install_path): "
                    "the guest, a cell, the broker, the browser, the NAT and the executor's way in, once each; the "
                    "default and trixie scenarios run every test")
+    config.addinivalue_line(
+        "markers", "ends_the_guest: runs after every other test and leaves the guest changed (it does not restore "
+                   "what it changed: a re-converge would cost a minute, and destroy follows verify)")
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked ends_the_guest run last, in their usual order."""
+    items.sort(key=lambda item: item.get_closest_marker("ends_the_guest") is not None)
 
 
 class Reply(object):

@@ -93,10 +93,18 @@ def test_isolation_each_beside_its_control(host, policy):
     assert p["via_gateway"] == "hello"
 
 
-def test_hundred_consecutive_runs(host):
+def test_consecutive_runs_leave_nothing_behind(host, policy):
+    """Thirty cells one after the other: each starts, and afterwards no cell
+    record, host-side interface or registered machine is left."""
+    prefix = policy["slots"][0]["host_ifname"].rstrip("0123456789")
     with host.sudo():
-        r = host.run("for i in $(seq 100); do chv-cell run -- true || exit $?; done")
-    assert r.rc == 0, r.stderr
+        r = host.run("for i in $(seq 30); do chv-cell run -- true || exit $?; done")
+        assert r.rc == 0, r.stderr
+        assert host.check_output("ls /run/chv-fleet/cells/ | grep -c . || true") == "0"
+        links = host.check_output("ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1")
+        assert [ln for ln in links.split() if ln.startswith(prefix)] == [], links
+        if policy.get("register"):
+            assert host.check_output("machinectl list --no-legend | grep -c . || true") == "0"
 
 
 def test_all_slots_at_once_then_one_more(host, policy):

@@ -1,9 +1,9 @@
-"""Command line: chv-cell run | argv | validate-policy | status.
+"""Command line: chv-cell run | argv | validate-policy | status | health.
 
 As root everything runs here.  A non-root user asking for ``run`` or
 ``status`` is handed to ``agent.delegate`` (sudo and the root-only
 ``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
-world-readable policy and run as that user."""
+world-readable policy and run as that user; ``health`` is root's only."""
 
 import argparse
 import json
@@ -13,6 +13,7 @@ import sys
 
 from . import agent as agentmod
 from . import argv as argvmod
+from . import health as healthmod
 from . import policy as policymod
 from . import runner
 
@@ -82,6 +83,19 @@ def build_parser():
     v.add_argument("path", nargs="?", help="file to check (default: --policy)")
 
     sub.add_parser("status", allow_abbrev=False, help="list slots and the cells running in them")
+
+    h = sub.add_parser("health", allow_abbrev=False,
+                       help="run a cell with a probe and report whether this guest can run isolated cells "
+                       "(exit 0 healthy, %d not)" % healthmod.EXIT_UNHEALTHY)
+    h.add_argument("--unit", action="append", default=[], help="a unit that must be active and not restarting")
+    h.add_argument("--broker-client", metavar="PATH", help="the broker's client.py: ping the broker from the cell")
+    h.add_argument("--allow", action="append", default=[], metavar="HOST:PORT",
+                   help="a destination the cell must reach")
+    h.add_argument("--deny", action="append", default=[], metavar="HOST:PORT",
+                   help="a destination the ruleset must refuse (the guest at the cell's gateway, port %d, always is)"
+                   % healthmod.GUEST_PROBE_PORT)
+    h.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
+    h.add_argument("--json", action="store_true", help="print the checks as JSON")
     return ap
 
 
@@ -106,6 +120,26 @@ def print_status(pol):
     return 0
 
 
+def health(ns):
+    """``chv-cell health``: the checks on this guest, one line each (or JSON); 0 healthy."""
+    try:
+        for target in ns.allow + ns.deny:
+            healthmod.parse_target(target)
+    except ValueError as exc:
+        runner.log("health: %s" % exc)
+        return runner.EXIT_CONFIG
+    request = {"broker_client": ns.broker_client, "allow": ns.allow, "deny": ns.deny}
+    checks = healthmod.run(ns.policy, ns.unit, request, claim_timeout=ns.timeout)
+    healthy = all(c["ok"] for c in checks)
+    if ns.json:
+        print(json.dumps({"healthy": healthy, "summary": healthmod.summary(None, checks), "checks": checks}))
+    else:
+        for c in checks:
+            print("%-4s %s: %s" % ("ok" if c["ok"] else "FAIL", c["check"], c["detail"]))
+    sys.stdout.flush()
+    return 0 if healthy else healthmod.EXIT_UNHEALTHY
+
+
 def _asks_for_help(rest):
     """-h/--help among the options before '--'."""
     opts = rest[:rest.index("--")] if "--" in rest else rest
@@ -127,6 +161,9 @@ def main(args=None, euid=None):
     ns = ap.parse_args(args)
     if euid != 0 and ns.action in ("run", "status"):
         runner.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
+        return runner.EXIT_CONFIG
+    if euid != 0 and ns.action == "health":
+        runner.log("chv-cell health runs as root only")
         return runner.EXIT_CONFIG
     if ns.policy is None:
         ns.policy = policymod.DEFAULT_POLICY_PATH
@@ -174,6 +211,9 @@ def main(args=None, euid=None):
 
     if ns.action == "status":
         return print_status(pol)
+
+    if ns.action == "health":
+        return health(ns)
 
     cmd = _command(ns, ap)
     launcher = runner.Launcher(pol, verbose=ns.verbose or ns.run_verbose)

@@ -1,0 +1,195 @@
+"""`chv-cell health`: can this guest run an isolated cell right now?
+
+site.yml runs it on every host of a batch before the next batch starts
+(docs/operations.md, "The health gate"); ops and auditors can run it by hand.
+The checks, each reported by name:
+
+* ``unit <name>``: a unit the cells depend on (the broker socket, the browser
+  service) is active, and its restart count did not move while the checks
+  ran (no restart loop);
+* ``cell runs``: a real cell starts through ``chv-cell run`` in a free slot
+  and its probe reports back;
+* ``broker ping``: from inside that cell, the broker answers a ping;
+* ``egress <host:port>``: from inside the cell, an allowed destination
+  accepts a TCP connection (through the NAT);
+* ``refused <host:port>``: from inside the cell, a destination the policy
+  denies gets no answer at all (the ruleset drops; a reset or an ICMP error
+  would mean the packet got past it), and the ruleset's drop counters moved.
+  The guest itself, at the cell's gateway on port 22, is always among them.
+
+The in-cell half of this file runs as a plain script inside the cell
+(``python3 -I health.py in-cell ARGS``): standard library only, no imports
+from the package."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+CONNECT_TIMEOUT = 3.0
+TIMED_OUT = "TimeoutError"
+GUEST_PROBE_PORT = 22
+EXIT_UNHEALTHY = 1
+
+
+def default_gateway(route_text):
+    """The IPv4 default gateway in /proc/net/route text, or None."""
+    for line in route_text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 3 and fields[1] == "00000000" and fields[2] != "00000000":
+            raw = int(fields[2], 16)
+            return socket.inet_ntoa(raw.to_bytes(4, "little"))
+    return None
+
+
+def parse_target(text):
+    """``host:port`` or ``[v6]:port`` -> (host, port); ValueError names the text."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("%r is not host:port" % text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("%r: write an IPv6 address as [address]:port" % text)
+    return host, int(port)
+
+
+def connect(host, port, timeout=CONNECT_TIMEOUT):
+    """"connected" or the error text."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return "connected"
+    except OSError as exc:
+        return "%s: %s" % (type(exc).__name__, exc)
+
+
+def in_cell(request, route_path="/proc/net/route"):
+    """Inside the cell: the probe. ``request``: {"broker_client": path or
+    null, "allow": [host:port], "deny": [host:port]}. Returns the report."""
+    with open(route_path) as fh:
+        gateway = default_gateway(fh.read())
+    report = {"gateway": gateway, "allow": {}, "deny": {}}
+    if request.get("broker_client"):
+        proc = subprocess.run([sys.executable, "-I", request["broker_client"], json.dumps({"op": "ping"})],
+                              capture_output=True, text=True, timeout=30, check=False)
+        report["broker"] = {"rc": proc.returncode, "out": proc.stdout.strip()[-500:], "err": proc.stderr.strip()[-500:]}
+    for key in ("allow", "deny"):
+        for target in request.get(key, []):
+            report[key][target] = connect(*parse_target(target))
+    if gateway:
+        report["deny"]["gateway:%d" % GUEST_PROBE_PORT] = connect(gateway, GUEST_PROBE_PORT)
+    return report
+
+
+# ------------------------------------------------------------- the verdict
+
+def _check(name, ok, detail):
+    return {"check": name, "ok": bool(ok), "detail": detail}
+
+
+def unit_check(name, before, after):
+    """``before``/``after``: the unit's ActiveState, SubState and NRestarts
+    (systemctl show) read before and after the cell's probe."""
+    state = "%s/%s" % (after.get("ActiveState", "?"), after.get("SubState", "?"))
+    if after.get("LoadState") not in (None, "loaded"):
+        return _check("unit " + name, False, "not loaded (%s)" % after.get("LoadState"))
+    if after.get("ActiveState") != "active":
+        return _check("unit " + name, False, "%s, not active" % state)
+    if before.get("NRestarts") != after.get("NRestarts"):
+        return _check("unit " + name, False, "%s, restarted while checked (NRestarts %s -> %s): a restart loop"
+                      % (state, before.get("NRestarts"), after.get("NRestarts")))
+    restarts = "" if after.get("NRestarts") is None else ", NRestarts %s" % after["NRestarts"]
+    return _check("unit " + name, True, state + restarts)
+
+
+def drops(counters):
+    """The sum of the ruleset's drop_* counters (packets)."""
+    return sum(v for k, v in counters.items() if k.startswith("drop_"))
+
+
+def verdict(request, units, cell, counters_before, counters_after):
+    """The checks, in order. ``units``: name -> (before, after) properties;
+    ``cell``: {"rc", "out", "err"} of the cell run; counters: name -> packets
+    (None when the table could not be read)."""
+    checks = [unit_check(name, before, after) for name, (before, after) in sorted(units.items())]
+    try:
+        report = json.loads(cell["out"].strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        report = None
+    if cell["rc"] != 0 or report is None:
+        checks.append(_check("cell runs", False, "chv-cell run exited %s: %s" % (cell["rc"], cell["err"].strip()[-600:])))
+        return checks
+    checks.append(_check("cell runs", True, "gateway %s" % report.get("gateway")))
+    if request.get("broker_client"):
+        b = report.get("broker", {})
+        try:
+            ok = b.get("rc") == 0 and json.loads(b.get("out") or "null").get("ok") is True
+        except (ValueError, AttributeError):
+            ok = False
+        checks.append(_check("broker ping", ok, b.get("out") or b.get("err") or "no reply"))
+    for target, result in sorted(report["allow"].items()):
+        checks.append(_check("egress " + target, result == "connected", result))
+    # The ruleset drops (never rejects): a refused probe times out. A reset or
+    # an ICMP error means the packet reached something beyond the ruleset.
+    refused = {t: r for t, r in report["deny"].items() if r.startswith(TIMED_OUT)}
+    for target, result in sorted(report["deny"].items()):
+        checks.append(_check("refused " + target, target in refused,
+                             "dropped (no answer: %s)" % result if target in refused else
+                             "connected" if result == "connected" else "reached: %s" % result))
+    if counters_before is None or counters_after is None:
+        checks.append(_check("refused by the ruleset", False, "table inet chv_cell could not be read"))
+    elif refused:
+        moved = drops(counters_after) - drops(counters_before)
+        checks.append(_check("refused by the ruleset", moved >= len(refused),
+                             "drop counters +%d for %d refused probe(s)" % (moved, len(refused))))
+    return checks
+
+
+def summary(host, checks):
+    """One line: healthy, or each failed check with what it saw (``host:`` first when given)."""
+    bad = [c for c in checks if not c["ok"]]
+    prefix = "" if host is None else "%s: " % host
+    if not bad:
+        return "%shealthy (%d checks)" % (prefix, len(checks))
+    return "%sUNHEALTHY: %s" % (prefix, "; ".join("%s: %s" % (c["check"], c["detail"]) for c in bad))
+
+
+# ------------------------------------------------------------- the guest side
+
+def _unit_props(name):
+    out = subprocess.run(["systemctl", "show", "-p", "LoadState,ActiveState,SubState,NRestarts", "--", name],
+                         capture_output=True, text=True, check=False).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _counters():
+    proc = subprocess.run(["nft", "-j", "list", "counters", "table", "inet", "chv_cell"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return None
+    items = json.loads(proc.stdout).get("nftables", [])
+    return {i["counter"]["name"]: i["counter"]["packets"] for i in items if "counter" in i}
+
+
+def run(policy_path, units, request, claim_timeout=30.0):
+    """The checks on this guest: units before, a cell with the probe,
+    counters around it, units after."""
+    before = {u: _unit_props(u) for u in units}
+    counters_before = _counters()
+    lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [sys.executable, "-I", os.path.join(lib, "chv-cell"), "--policy", policy_path, "run",
+            "--timeout", str(claim_timeout), "--", "python3", "-I", os.path.abspath(__file__), "in-cell",
+            json.dumps(request)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=claim_timeout + 120)
+    counters_after = _counters()
+    time.sleep(0.5)  # a unit in a restart loop moves NRestarts within this window too
+    after = {u: _unit_props(u) for u in units}
+    cell = {"rc": proc.returncode, "out": proc.stdout, "err": proc.stderr}
+    return verdict(request, {u: (before[u], after[u]) for u in units}, cell, counters_before, counters_after)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["in-cell"]:
+    print(json.dumps(in_cell(json.loads(sys.argv[2]))))
+    sys.stdout.flush()

@@ -1,0 +1,127 @@
+"""chv-cell health's verdict (chv_cell.health): which check fails, and what
+it says, from the unit properties, the cell's report and the ruleset's
+counters. The guest side (a real cell, real units) is tested in Molecule
+(molecule/default/tests/test_health.py) and by site.yml's gate on every
+converge."""
+
+import json
+import socket
+import threading
+
+import pytest
+
+from chv_cell import health
+
+ROUTE = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+         "host0\t00000000\t0114E70A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+         "host0\t0014E70A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
+ACTIVE = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "NRestarts": "0"}
+
+
+def test_default_gateway_from_proc_net_route():
+    assert health.default_gateway(ROUTE) == "10.231.20.1"
+    assert health.default_gateway(ROUTE.splitlines()[0] + "\n") is None
+
+
+@pytest.mark.parametrize("text,parsed", [("example.org:443", ("example.org", 443)),
+                                         ("10.0.0.1:22", ("10.0.0.1", 22)),
+                                         ("[2001:db8::1]:80", ("2001:db8::1", 80))])
+def test_targets(text, parsed):
+    assert health.parse_target(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["example.org", "example.org:", ":80", "h:0", "h:65536", "h:x", "2001:db8::1:80"])
+def test_bad_targets_are_named(text):
+    with pytest.raises(ValueError, match=repr(text).replace("[", r"\[")):
+        health.parse_target(text)
+
+
+@pytest.mark.parametrize("after,ok,needle", [
+    (ACTIVE, True, "active/running, NRestarts 0"),
+    ({"LoadState": "loaded", "ActiveState": "active", "SubState": "listening"}, True, "active/listening"),
+    (dict(ACTIVE, ActiveState="failed", SubState="failed"), False, "failed/failed, not active"),
+    (dict(ACTIVE, ActiveState="activating", SubState="auto-restart"), False, "not active"),
+    (dict(ACTIVE, NRestarts="3"), False, "restart loop"),
+    (dict(ACTIVE, LoadState="masked"), False, "not loaded (masked)"),
+])
+def test_unit_check(after, ok, needle):
+    before = ACTIVE if "NRestarts" in after else after  # a socket unit has no NRestarts
+    check = health.unit_check("chv-broker.socket", before, after)
+    assert check["ok"] is ok and needle in check["detail"] and check["check"] == "unit chv-broker.socket"
+
+
+def _cell(report, rc=0, err=""):
+    return {"rc": rc, "out": "noise\n" + json.dumps(report) + "\n", "err": err}
+
+
+GOOD = {"gateway": "10.231.20.1", "broker": {"rc": 0, "out": '{"ok": true, "result": "pong"}', "err": ""},
+        "allow": {"git.example:443": "connected"}, "deny": {"gateway:22": "TimeoutError: timed out"}}
+REQUEST = {"broker_client": "/usr/lib/chv-fleet/chv_broker/client.py", "allow": ["git.example:443"], "deny": []}
+
+
+def _names(checks, ok=None):
+    return [c["check"] for c in checks if ok is None or c["ok"] is ok]
+
+
+def test_a_healthy_guest():
+    checks = health.verdict(REQUEST, {"chv-broker.socket": (ACTIVE, ACTIVE)}, _cell(GOOD),
+                            {"drop_cell_to_guest": 4, "nat_masquerade": 9}, {"drop_cell_to_guest": 6})
+    assert _names(checks, ok=False) == []
+    assert _names(checks) == ["unit chv-broker.socket", "cell runs", "broker ping", "egress git.example:443",
+                              "refused gateway:22", "refused by the ruleset"]
+    assert health.summary("g1", checks) == "g1: healthy (6 checks)"
+    assert health.summary(None, checks) == "healthy (6 checks)"
+
+
+@pytest.mark.parametrize("change,failed", [
+    ({"broker": {"rc": 2, "out": "", "err": "connection refused"}}, ["broker ping"]),
+    ({"broker": {"rc": 1, "out": '{"ok": false, "error": "peer is not a process of a live chv cell"}', "err": ""}},
+     ["broker ping"]),
+    ({"allow": {"git.example:443": "TimeoutError: timed out"}}, ["egress git.example:443"]),
+    ({"deny": {"gateway:22": "connected"}}, ["refused gateway:22"]),
+    # a reset or an ICMP error: the packet got past the ruleset, which only drops
+    ({"deny": {"gateway:22": "ConnectionRefusedError: [Errno 111] Connection refused"}}, ["refused gateway:22"]),
+    ({"deny": {"gateway:22": "OSError: [Errno 113] No route to host"}}, ["refused gateway:22"]),
+])
+def test_each_failure_is_named(change, failed):
+    checks = health.verdict(REQUEST, {}, _cell(dict(GOOD, **change)), {"drop_x": 0}, {"drop_x": 1})
+    assert _names(checks, ok=False) == failed
+    assert health.summary("g2", checks).startswith("g2: UNHEALTHY: " + failed[0] + ": ")
+
+
+def test_a_refusal_the_ruleset_did_not_count_fails():
+    # nothing listening also "refuses": only the drop counters prove the ruleset did it
+    checks = health.verdict(REQUEST, {}, _cell(GOOD), {"drop_x": 5}, {"drop_x": 5})
+    assert _names(checks, ok=False) == ["refused by the ruleset"]
+    checks = health.verdict(REQUEST, {}, _cell(GOOD), None, None)
+    assert _names(checks, ok=False) == ["refused by the ruleset"]
+
+
+def test_a_cell_that_did_not_start_fails_and_says_why():
+    cell = {"rc": 125, "out": "", "err": "table inet chv_cell is not loaded"}
+    checks = health.verdict(REQUEST, {"u": (ACTIVE, ACTIVE)}, cell, {}, {})
+    assert _names(checks) == ["unit u", "cell runs"] and _names(checks, ok=False) == ["cell runs"]
+    assert "exited 125" in checks[-1]["detail"] and "chv_cell is not loaded" in checks[-1]["detail"]
+
+
+def test_the_in_cell_probe_against_real_sockets(tmp_path):
+    """in_cell connects for real: a listener on loopback answers the allowed
+    target; a closed port fails the denied one. (A route table without a
+    default route: this machine's own gateway is never probed.)"""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    threading.Thread(target=srv.accept, daemon=True).start()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port_closed = closed.getsockname()[1]
+    closed.close()
+    allow, deny = "127.0.0.1:%d" % srv.getsockname()[1], "127.0.0.1:%d" % port_closed
+    route = tmp_path / "route"
+    route.write_text(ROUTE.splitlines()[0] + "\n")
+    report = health.in_cell({"broker_client": None, "allow": [allow], "deny": [deny]}, str(route))
+    srv.close()
+    assert report["allow"] == {allow: "connected"}
+    assert report["deny"] == {deny: report["deny"][deny]} and report["deny"][deny].startswith("ConnectionRefusedError")
+    assert report["gateway"] is None
+    assert "broker" not in report

@@ -72,6 +72,9 @@ def test_good_values_would_change_the_guest(guest):
     ({"chv_broker_max_request_bytes": 10}, "chv_broker_max_request_bytes >= 1024"),
     ({"chv_browser_snapshot_max_lines": "many"}, "chv_browser_snapshot_max_lines"),
     ({"chv_browser_chromium_args": ["--no-sandbox"]}, "--no-sandbox"),
+    # settings two roles share: a mismatch names both; a browser path cells could see is named
+    ({"chv_browser_broker_group": "web"}, 'chv_browser_broker_group=\\"web\\" and chv_broker_group=\\"chv-broker\\"'),
+    ({"chv_browser_state_dir": "/srv/browser-state"}, 'lacks [\\"/srv/browser-state\\"]'),
 ])
 def test_bad_value_fails_before_any_change(guest, extra, needle):
     proc, counts = site("-e", json.dumps(extra))
@@ -86,7 +89,8 @@ def test_a_tagged_run_checks_every_role_first(guest):
 
 def _refused_before_any_change(proc, counts, needle):
     assert proc.returncode != 0
-    fatal = [m for m in proc.stdout.splitlines() if m.startswith("fatal: ")]
+    # a failed task, or a failed item of a looped one
+    fatal = [m for m in proc.stdout.splitlines() if m.startswith(("fatal: ", "failed: "))]
     assert fatal and needle in "\n".join(fatal), proc.stdout[-3000:]
     assert counts.get("changed") == 0, counts
     assert traces() == ""

@@ -319,24 +319,20 @@ PLAYBOOK = '''
 '''
 
 
-@pytest.fixture(scope='module')
-def rendered(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp('layered-role')
+def _render_per_host(tmp, playbook, overrides_by_host):
+    """Run ``playbook`` (which writes <host>.json into ``tmp``) with one
+    local host per entry of ``overrides_by_host``, whose overrides sit in a
+    vars file after the roles' defaults (inventory variables would lose to
+    them); return host -> the JSON it wrote."""
     collections = tmp / 'collections'
     (collections / 'ansible_collections' / 'chv').mkdir(parents=True)
     (collections / 'ansible_collections' / 'chv' / 'fleet').symlink_to(ROOT)
-    new = '{%s}' % ', '.join("'%s': %s" % (name, var) for name, (var, dummy, dummy2)
-                             in POLICY_LISTS.items())
-    old = '{%s}' % ', '.join("'%s': %s" % (name, expr.replace('X', base)[3:-3])
-                             for name, (dummy, expr, base) in POLICY_LISTS.items())
-    (tmp / 'render.yml').write_text(PLAYBOOK.format(role=ROLE, out=tmp, new=new, old=old))
-    # Overrides in a vars file after the role's defaults (inventory variables
-    # would lose to them).
-    for name, overrides in OVERRIDES.items():
+    (tmp / 'render.yml').write_text(playbook)
+    for name, overrides in overrides_by_host.items():
         (tmp / ('%s-overrides.yml' % name)).write_text(yaml.safe_dump(overrides or {'__none': 0}))
     inventory = {'all': {'hosts': dict(
         (name, {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable})
-        for name in OVERRIDES)}}
+        for name in overrides_by_host)}}
     (tmp / 'inventory.yml').write_text(yaml.safe_dump(inventory))
     (tmp / 'ansible.cfg').write_text('[defaults]\n')
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR='1',
@@ -346,7 +342,17 @@ def rendered(tmp_path_factory):
                           cwd=str(tmp), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, check=False)
     assert proc.returncode == 0, proc.stdout
-    return dict((name, json.loads((tmp / ('%s.json' % name)).read_text())) for name in OVERRIDES)
+    return dict((name, json.loads((tmp / ('%s.json' % name)).read_text())) for name in overrides_by_host)
+
+
+@pytest.fixture(scope='module')
+def rendered(tmp_path_factory):
+    new = '{%s}' % ', '.join("'%s': %s" % (name, var) for name, (var, dummy, dummy2)
+                             in POLICY_LISTS.items())
+    old = '{%s}' % ', '.join("'%s': %s" % (name, expr.replace('X', base)[3:-3])
+                             for name, (dummy, expr, base) in POLICY_LISTS.items())
+    tmp = tmp_path_factory.mktemp('layered-role')
+    return _render_per_host(tmp, PLAYBOOK.format(role=ROLE, out=tmp, new=new, old=old), OVERRIDES)
 
 
 @pytest.mark.parametrize('combo', sorted(OVERRIDES))
@@ -386,3 +392,47 @@ def test_role_layers_the_limit_dicts_key_by_key(rendered):
     policy = json.loads(rendered['plain']['policy'])
     assert policy['properties'] == {'MemoryMax': '2G', 'TasksMax': 1024}
     assert policy['rlimits'] == dict(defaults['chv_cell_rlimits_default'], NOFILE='1024')
+
+
+# The broker's sync commands and the browser's chromium arguments, layered
+# the same way (rendered by ansible-playbook from the roles' own files).
+SERVICES_PLAYBOOK = '''
+- hosts: all
+  gather_facts: false
+  vars_files:
+    - {root}/roles/broker/defaults/main.yml
+    - {root}/roles/browser/defaults/main.yml
+    - "{out}/{{{{ inventory_hostname }}}}-overrides.yml"
+    - {root}/roles/broker/vars/main.yml
+    - {root}/roles/browser/vars/main.yml
+  tasks:
+    - ansible.builtin.copy:
+        dest: "{out}/{{{{ inventory_hostname }}}}.json"
+        mode: "0644"
+        content: "{{{{ {{'sync': __broker_sync_commands, 'chromium': __browser_chromium_args}} | to_json }}}}"
+'''
+SERVICES_OVERRIDES = {
+    'defaults': {},
+    'layered': {
+        'chv_broker_sync_commands': {'pull': ['git', 'pull', '--rebase']},
+        'chv_broker_sync_commands_host': {'push': None, 'status': ['git', 'status']},
+        'chv_browser_chromium_args': ['--lang=en-US'],
+        'chv_browser_chromium_args_group': ['--disable-gpu', '--force-dark-mode'],
+        'chv_browser_chromium_args_host': ['--window-size=800,600'],
+    },
+}
+
+
+def test_services_layer_sync_commands_key_by_key_and_chromium_args_in_order(tmp_path):
+    got = _render_per_host(tmp_path, SERVICES_PLAYBOOK.format(root=ROOT, out=tmp_path), SERVICES_OVERRIDES)
+    with open(os.path.join(ROOT, 'roles', 'broker', 'defaults', 'main.yml')) as handle:
+        broker = yaml.safe_load(handle)
+    with open(os.path.join(ROOT, 'roles', 'browser', 'defaults', 'main.yml')) as handle:
+        browser = yaml.safe_load(handle)
+    # control: the defaults render as documented
+    assert got['defaults'] == {'sync': broker['chv_broker_sync_commands_default'],
+                               'chromium': browser['chv_browser_chromium_args_default']}
+    # a later layer wins per action, null drops one; arguments append, the first of equal ones kept
+    assert got['layered']['sync'] == {'status': ['git', 'status'], 'pull': ['git', 'pull', '--rebase']}
+    assert got['layered']['chromium'] == browser['chv_browser_chromium_args_default'] + [
+        '--lang=en-US', '--force-dark-mode', '--window-size=800,600']

@@ -73,6 +73,7 @@ class _Outside(object):
 
     def close(self):
         for sock in self.socks:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the thread in accept(), which holds the port otherwise
             sock.close()
 
 

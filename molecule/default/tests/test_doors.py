@@ -86,6 +86,12 @@ class OutsideTLS(object):
             conn.close()
 
     def close(self):
+        # shutdown wakes the thread blocked in accept(); close alone would keep
+        # the listening socket alive (and its port bound) until that returns
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
 
 

@@ -20,7 +20,12 @@ SYSCTLS = ("net.ipv4.ip_forward",)
 
 
 def _lines(argv):
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    """The sorted output lines of argv; none when the tool is not installed
+    (a minimal guest before its first converge has no nft)."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        return []
     return sorted(line.strip() for line in proc.stdout.splitlines() if line.strip())
 
 

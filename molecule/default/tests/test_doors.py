@@ -278,15 +278,24 @@ VARIANT = ("import json, sys\n"
            "json.dump(policy, open(sys.argv[1], 'w'))\n")
 
 
-def _policy_variant(host, name, **changes):
-    """A copy of the guest's cell policy with some keys changed (root may pick a policy)."""
-    path = "/etc/chv-fleet/molecule-%s.json" % name
+@pytest.fixture
+def policy_variant(host):
+    """Make a copy of the guest's cell policy with some keys changed (root
+    may pick a policy); the copies go again after the test."""
+    made = []
+
+    def make(name, **changes):
+        path = "/etc/chv-fleet/molecule-%s.json" % name
+        with host.sudo():
+            host.run_test("python3 -c %s %s %s", VARIANT, path, json.dumps(changes))
+        made.append(path)
+        return path
+    yield make
     with host.sudo():
-        host.run_test("python3 -c %s %s %s", VARIANT, path, json.dumps(changes))
-    return path
+        host.run("rm -f %s", " ".join(made))
 
 
-def test_no_nested_user_namespaces_unless_the_policy_allows_them(host, slots):
+def test_no_nested_user_namespaces_unless_the_policy_allows_them(host, slots, policy_variant):
     with host.sudo():
         # control: on the guest, outside any cell, both succeed
         assert host.run("unshare -U true").rc == 0
@@ -295,7 +304,7 @@ def test_no_nested_user_namespaces_unless_the_policy_allows_them(host, slots):
                                         % shlex.quote(USERNS_PROBE)])
         assert cell.rc == 0, cell.stderr
         assert "rc=0" not in cell.stdout and "unshare ok" not in cell.stdout, cell.stdout
-        allowed = _policy_variant(host, "userns", allow_user_namespaces=True)
+        allowed = policy_variant("userns", allow_user_namespaces=True)
         r = host.run("chv-cell --policy %s run --slot %s -- python3 -c %s", allowed, slots[0], USERNS_PROBE)
         assert r.rc == 0 and r.stdout.strip() == "unshare ok", r
 
@@ -309,18 +318,18 @@ def test_runtime_max_stops_the_cell_with_exit_124(host, slots):
         assert "idle" in host.check_output("chv-cell status | grep '^%s '", slots[0])
 
 
-def test_shared_network_refused_unless_the_policy_allows_it(host, slots):
+def test_shared_network_refused_unless_the_policy_allows_it(host, slots, policy_variant):
     with host.sudo():
         refused = host.run("chv-cell run --slot %s --shared-network -- true", slots[0])
         assert refused.rc == 78 and "chv_cell_allow_shared_network" in refused.stderr, refused
-        allowed = _policy_variant(host, "shared", allow_shared_network=True)
+        allowed = policy_variant("shared", allow_shared_network=True)
         assert host.run("chv-cell --policy %s run --slot %s --shared-network -- true", allowed, slots[0]).rc == 0
 
 
-def test_limits_the_guest_cannot_enforce_refuse_the_cell(host, slots, marker_path):
+def test_limits_the_guest_cannot_enforce_refuse_the_cell(host, slots, marker_path, policy_variant):
     with host.sudo():
         controllers = host.file("/sys/fs/cgroup/cgroup.controllers").content_string.split()
-        strict = _policy_variant(host, "limits", require_limits=True)
+        strict = policy_variant("limits", require_limits=True)
         host.run("rm -f %s", marker_path)
         r = host.run("chv-cell --policy %s run --slot %s -- sh -c %s", strict, slots[0], "touch " + MARKER)
         if {"memory", "pids", "cpu"} <= set(controllers):

@@ -3,7 +3,8 @@ that user existed with a login shell before the first converge (the lab
 creates it), `chv-cell run -- python3 /app/host.py ...` works unmodified.
 
 The SSH client is the lab host's own `ssh`, as an executor's would be.
-`/app/host.py` is a stand-in agent host this module installs on the guest.
+`/app/host.py` is a stand-in agent host this module installs on the guest
+(and removes afterwards).
 """
 
 import json
@@ -56,6 +57,8 @@ def executor(host):
            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "%s@%s" % (AGENT, guest["address"])]
     yield {"ssh": ssh, "url": outside.url + "/"}
     outside.close()
+    with host.sudo():
+        host.run("rm -rf /app")
 
 
 def over_ssh(executor, command, tty=False, stdin="", timeout=120):

@@ -111,11 +111,13 @@ def test_the_in_cell_probe_against_real_sockets(tmp_path):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(4)
+
     def accept_once():
         try:
             srv.accept()
         except OSError:  # closed at the end of the test
             pass
+
     threading.Thread(target=accept_once, daemon=True).start()
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))

@@ -2,8 +2,12 @@
 before the first role changes the host, and the failure names the variable.
 
 The guest is checked afterwards for every trace of a converge (directories,
-units, users, nft tables); the control is a --check run with good values,
-which reports changes (so the roles would change this guest)."""
+units, users, nft tables). The control is the same command with good values
+in check mode, limited to one role (`--tags cell_nat`, the tagged case
+below): it gets past every check and reports changes, so the roles would
+change this guest. The pre-tasks that stop a bad value are always-tagged,
+so the tag leaves them as they are; a full check run would only add the
+other roles' tasks, at the cost of a minute of make test."""
 
 import json
 import os
@@ -58,9 +62,10 @@ def traces():
 
 
 def test_good_values_would_change_the_guest(guest):
-    proc, counts = site("--check")
+    proc, counts = site("--check", "--tags", "cell_nat")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert counts["changed"] > 10 and counts["failed"] == 0
+    assert counts["changed"] >= 3 and counts["failed"] == 0, counts
+    assert "TASK [chv.fleet.cell_nat : " in proc.stdout
     assert traces() == ""
 
 

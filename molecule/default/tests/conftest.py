@@ -28,6 +28,14 @@ def pytest_configure(config):
                    "what it changed: a re-converge would cost a minute, and destroy follows verify)")
 
 
+def only_in(scenario):
+    """A test of something the distribution does not change (the roles' rendering, a re-run's
+    result), proven once in the named scenario: every re-run of ansible-playbook costs a minute
+    of make test (its time budget; the lanes kept even)."""
+    return pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME") != scenario,
+                              reason="distribution-independent: runs in the %s scenario" % scenario)
+
+
 def pytest_collection_modifyitems(items):
     """Tests marked ends_the_guest run last, in their usual order."""
     items.sort(key=lambda item: item.get_closest_marker("ends_the_guest") is not None)

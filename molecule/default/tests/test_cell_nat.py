@@ -22,7 +22,7 @@ import threading
 
 import pytest
 
-from conftest import lab_guest, run_roles
+from conftest import lab_guest, only_in, run_roles
 
 OUT_PORT, DENIED_PORT, UNLISTED_PORT, GUEST_PORT, CELL_PORT = 18080, 18081, 18082, 18090, 17000
 
@@ -182,8 +182,7 @@ def test_metadata_address_dropped(host, lab):
 # on the distribution: the default scenario only (make test's time budget).
 # Trixie's nft loads the scenario's ruleset at every converge, and the netns
 # suite loads each variant (tests/integration/netns).
-@pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME") != "default",
-                    reason="distribution-independent: runs in the default scenario")
+@only_in("default")
 def test_policy_variants_deny_allow_uplink_and_foreign_chains(host, lab):
     """The policy variants, applied by re-running cell_nat, in one sequence
     so that each re-run does double duty (every converge of the role costs

@@ -2,22 +2,12 @@
 cry wolf, and a tag that selects one role (docs/operations.md)."""
 
 import json
-import os
 
 import pytest
 
-from conftest import OutsideHTTP, lab_guest, run_converge
+from conftest import OutsideHTTP, lab_guest, only_in, run_converge
 
 GATE_PORT = 18751
-
-# site.yml's check mode and tags do not depend on the distribution: each is
-# proven once, check mode in the trixie scenario and the tag in the default
-# one (each re-runs site.yml: make test's time budget, lanes kept even).
-
-
-def only_in(scenario):
-    return pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME") != scenario,
-                              reason="distribution-independent: runs in the %s scenario" % scenario)
 
 
 @only_in("trixie")
@@ -27,7 +17,7 @@ def test_check_mode_on_the_converged_guest_reports_no_change(host):
     assert recap[name]["failed"] == 0 and recap[name]["changed"] == 0, (changed, proc.stdout[-3000:])
 
 
-@only_in("default")
+@only_in("trixie")
 def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet(host):
     """Also the health gate, on the same two runs: healthy with an allowed
     destination that answers; failing the host, named, when a destination

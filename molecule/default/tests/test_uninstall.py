@@ -15,17 +15,14 @@ import subprocess
 
 import pytest
 
+from conftest import only_in
 from testpaths import ROOT
 
 REMOVE = os.path.join(ROOT, "playbooks", "remove.yml")
 SNAPSHOT = os.path.join(ROOT, "tests", "helpers", "host_snapshot.py")
 BEFORE = "/root/chv-fleet-before.json"
 
-pytestmark = [
-    pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME") != "trixie",
-                       reason="removal is distribution-independent: runs in the trixie scenario"),
-    pytest.mark.ends_the_guest,
-]
+pytestmark = [only_in("trixie"), pytest.mark.ends_the_guest]
 
 
 def remove(*args):

@@ -147,17 +147,21 @@ def lab_record():
     return json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
 
 
-def run_roles(roles, extra_vars, expect_ok=True):
-    """Re-run roles of the collection on the scenario's inventory with the
-    lab's guest settings (as the converge applies them) and extra variables."""
+def roles_argv(roles, extra_vars):
+    """The ansible-playbook command that runs roles of the collection on the
+    scenario's inventory with the lab's guest settings (as the converge
+    applies them) and extra variables."""
     extra_vars = dict(lab_record().get("guest_vars", {}), **extra_vars)
     play = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / ("variant-%s.yml" % "-".join(r.split(".")[-1] for r in roles))
     play.write_text(
         "- hosts: all\n  become: true\n  gather_facts: false\n  tasks:\n"
         + "".join("    - ansible.builtin.include_role:\n        name: %s\n" % r for r in roles))
-    proc = subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(play), "-e", json.dumps(extra_vars)],
-        capture_output=True, text=True, check=False, timeout=600)
+    return ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(play), "-e", json.dumps(extra_vars)]
+
+
+def run_roles(roles, extra_vars, expect_ok=True):
+    """Re-run roles (roles_argv) and wait for the run."""
+    proc = subprocess.run(roles_argv(roles, extra_vars), capture_output=True, text=True, check=False, timeout=600)
     if expect_ok:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return proc

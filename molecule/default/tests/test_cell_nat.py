@@ -15,7 +15,6 @@ with at least two slots (the default chv_cell_slots: 2).
 """
 
 import json
-import os
 import shlex
 import socket
 import threading

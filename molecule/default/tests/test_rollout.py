@@ -1,11 +1,11 @@
 """site.yml as ops run it over a converged guest: check mode that does not
-cry wolf, and a tag that selects one role (docs/operations.md)."""
+cry wolf, a tag that selects one role, and the drain that holds a code
+change of the broker back until running cells end (docs/operations.md)."""
 
 import json
+import subprocess
 
-import pytest
-
-from conftest import OutsideHTTP, lab_guest, only_in, run_converge
+from conftest import OutsideHTTP, lab_guest, only_in, roles_argv, run_converge, run_roles
 
 GATE_PORT = 18751
 
@@ -54,3 +54,60 @@ def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet
     assert changed and all(t.startswith("chv.fleet.cell_nat : ") for t in changed), changed
     with host.sudo():
         assert "198.51.100.7" not in host.file(ruleset).content_string
+
+
+@only_in("default")
+def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_nothing(host):
+    """The guest's copy of a broker module is made to differ from the role's (a code change
+    to roll out) while a cell runs. With a bound shorter than the cell, the host fails as not
+    drained and the code and the service are as they were; with a long bound, the run waits
+    and changes the code only after the cell has ended (its last act is to write the time)."""
+    module = "/usr/lib/chv-fleet/chv_broker/server.py"
+    ended = "/run/chv-molecule-drain-ended"
+    # the cell's payload waits for a trigger file the guest drops into its workspace
+    cell = ("systemd-run --unit=chv-molecule-drain --collect sh -c "
+            "'chv-cell run --slot %s -- sh -c \"until test -e /workspace/.drain-go; do sleep 0.2; done\"; "
+            "date +%%s.%%N > %s'")
+    with host.sudo():
+        slot = host.check_output("chv-cell status | awk 'NR==1 {print $1}'")
+        workspace = "/var/lib/chv-fleet/workspaces/%s" % slot
+
+        def start_cell():
+            host.run("rm -f %s/.drain-go %s", workspace, ended)
+            host.run_test(cell % (slot, ended))
+            host.run_test("for i in $(seq 100); do chv-cell status | grep -q '^%s .*running pid=' && exit 0; "
+                          "sleep 0.1; done; exit 1", slot)
+
+        host.run_test("echo '# a code change to roll out' >> %s", module)
+        drifted = host.check_output("sha256sum %s", module)
+        invocation = host.check_output("systemctl show -P InvocationID chv-broker.socket chv-broker.service")
+        start_cell()
+        try:
+            short = run_roles(["chv.fleet.broker"], {"chv_fleet_drain_timeout": 2}, expect_ok=False)
+            out = short.stdout + short.stderr
+            assert short.returncode != 0, out[-3000:]
+            assert "did not drain within chv_fleet_drain_timeout=2 s: %s " % slot in out, out[-3000:]
+            assert "changing chv-broker's code held back, nothing of it done" in out, out[-3000:]
+            # left as it was: the code, and the broker's socket and service not restarted
+            assert host.check_output("sha256sum %s", module) == drifted
+            assert host.check_output("systemctl show -P InvocationID chv-broker.socket chv-broker.service") == \
+                invocation
+            # a long bound: the run waits (polling) while the cell runs, and the cell ends only when told
+            waiting = subprocess.Popen(roles_argv(["chv.fleet.broker"], {"chv_fleet_drain_timeout": 300}),
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            lines = []
+            for line in waiting.stdout:
+                lines.append(line)
+                if "RETRYING" in line and "Wait until no cell runs on the host before changing chv-broker" in line:
+                    break
+            assert host.check_output("sha256sum %s", module) == drifted, "changed before the cell ended"
+            host.run_test("touch %s/.drain-go", workspace)
+            lines += waiting.stdout.readlines()
+            assert waiting.wait(timeout=600) == 0, "".join(lines)[-3000:]
+        finally:
+            host.run("touch %s/.drain-go; sleep 1; systemctl stop chv-molecule-drain; rm -f %s/.drain-go",
+                     workspace, workspace)
+        cell_ended = float(host.check_output("cat %s", ended))
+        changed_at = float(host.check_output("stat -c %%.9Y %s", module))
+        assert host.check_output("sha256sum %s", module) != drifted
+        assert changed_at > cell_ended, (changed_at, cell_ended)

@@ -29,6 +29,19 @@ def test_role_packages_installed(host):
         assert host.package(pkg).is_installed, pkg
 
 
+def test_the_apt_pin_of_the_converge_is_in_force(host):
+    """molecule/shared/converge.yml pins iproute2 at the guest's version (chv_cell_apt_pins): the
+    preferences file has its stanza, and apt gives that version the pin's priority, 1001; the
+    control, python3, unpinned, keeps the default priority of an installed version, 100."""
+    version = host.check_output("dpkg-query -W -f '${Version}' iproute2")
+    pins = host.file("/etc/apt/preferences.d/chv-fleet").content_string
+    assert "\nPackage: iproute2\nPin: version %s\nPin-Priority: 1001\n" % version in pins, pins
+    policy = host.check_output("apt-cache policy iproute2 python3")
+    iproute2, python3 = policy.split("\npython3:")
+    assert "*** %s 1001" % version in iproute2, policy
+    assert " 1001" not in python3 and "*** " in python3, policy
+
+
 def test_install_path_installed_what_the_image_lacked(host):
     """On the minimal image (scenario `install`) the roles installed their
     packages from the Debian mirror after the guest booted; on baked images

@@ -20,10 +20,6 @@ LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "install_path: the checks the install scenario runs (molecule/install/molecule.yml: -m install_path): "
-                   "the guest, a cell, the broker, the browser, the NAT and the executor's way in, once each; the "
-                   "default and trixie scenarios run every test")
-    config.addinivalue_line(
         "markers", "ends_the_guest: runs after every other test and leaves the guest changed (it does not restore "
                    "what it changed: a re-converge would cost a minute, and destroy follows verify)")
 

@@ -49,7 +49,6 @@ def live_cell(host, slots):
     host.run("systemctl stop chv-molecule-cell.service")
 
 
-@pytest.mark.install_path
 def test_units_enabled_and_socket_for_cells(host):
     assert host.service("chv-broker.socket").is_enabled
     assert host.service("chv-broker.socket").is_running
@@ -57,7 +56,6 @@ def test_units_enabled_and_socket_for_cells(host):
     assert sock.is_socket and sock.mode == 0o666 and sock.user == "root"
 
 
-@pytest.mark.install_path
 def test_ping_from_a_cell_and_rejected_from_the_guest(host, slots, live_cell, from_cell, from_guest, policy_slots):
     since = host.check_output("date +%s")
     ok = from_cell(slots[1], {"op": "ping"})

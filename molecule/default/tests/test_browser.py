@@ -32,7 +32,6 @@ def pages(outside):
     return outside.url + "/"
 
 
-@pytest.mark.install_path
 def test_service_runs_as_its_own_user_with_the_socket_for_the_broker_only(host):
     svc = host.service("chv-browser.service")
     assert svc.is_enabled and svc.is_running and host.service("chv-browser.socket").is_running
@@ -51,7 +50,6 @@ def test_service_runs_as_its_own_user_with_the_socket_for_the_broker_only(host):
                              probe) == "connected"
 
 
-@pytest.mark.install_path
 def test_open_returns_the_heading_in_the_aria_snapshot(host, pages, slots, from_one_cell):
     opened, again = from_one_cell(slots[0], [{"op": "browser", "action": "open", "url": pages},
                                              {"op": "browser", "action": "snapshot"}])

@@ -118,7 +118,6 @@ def converge(extra_vars, expect_ok=True):
 
 # -------------------------------------------------------------------- tests
 
-@pytest.mark.install_path
 def test_unit_table_and_forwarding(host):
     assert host.service("chv-cell-nat").is_enabled
     assert host.service("chv-cell-nat").is_running           # oneshot, RemainAfterExit: active
@@ -130,7 +129,6 @@ def test_unit_table_and_forwarding(host):
     assert statements[:2] == ["table inet chv_cell {}", "delete table inet chv_cell"]
 
 
-@pytest.mark.install_path
 def test_cell_reaches_outside_through_masquerade(host, lab):
     slot0 = lab["slots"][0]["name"]
     before = counters(host)

@@ -29,7 +29,6 @@ def policy(host):
         return json.loads(host.file(POLICY).content_string)
 
 
-@pytest.mark.install_path
 def test_policy_valid_and_launcher_on_path(host):
     with host.sudo():
         r = host.run("chv-cell validate-policy")
@@ -59,7 +58,6 @@ def _lab_host_address(host):
     return host.run("ip -4 route show default").stdout.split()[2]
 
 
-@pytest.mark.install_path
 def test_isolation_each_beside_its_control(host, policy):
     s0 = policy["slots"][0]
     state = "%s/%s" % (policy["agent_state_root"], s0["name"])

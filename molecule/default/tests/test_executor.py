@@ -78,7 +78,6 @@ def test_the_agent_user_is_left_as_it_was(host):
     assert host.check_output("id -Gn %s", AGENT) == AGENT
 
 
-@pytest.mark.install_path
 def test_host_py_runs_unmodified_over_ssh(host, executor):
     r = over_ssh(executor, host_py("--exit", "7", "--url", executor["url"]), stdin="hello from the executor\n")
     assert r.returncode == 7, (r.returncode, r.stdout, r.stderr)   # the payload's own code came back

@@ -33,7 +33,6 @@ def failed(body):
     return [c["check"] for c in body["checks"] if not c["ok"]]
 
 
-@pytest.mark.install_path
 def test_a_converged_guest_is_healthy_and_each_fault_is_named(host, outside):
     r, body = health(host, "--allow", outside)
     assert r.rc == 0 and body["healthy"] and failed(body) == [], body

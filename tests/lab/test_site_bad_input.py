@@ -1,11 +1,18 @@
-"""site.yml on a fresh lab guest: a bad value of any role's variable fails
-before the first role changes the host, and the failure names the variable.
+"""One lab of two guests for the lab playbooks and for site.yml's input checks.
 
+The lab: a second lab_up changes nothing, both guests run systemd, and
+lab_down (the last test) leaves no process, veth, cgroup, mount, propagate
+entry or directory behind.
+
+site.yml on the first guest, fresh: a bad value of any role's variable fails
+before the first role changes the host, and the failure names the variable.
 The guest is checked afterwards for every trace of a converge (directories,
 units, users, nft tables). The control is a `--check --diff` run of the
 whole site.yml with good values on the same fresh guest: it gets past every
 check, runs every role without a failure and reports changes, so the roles
-would change this guest (docs/operations.md: check mode on a fresh host)."""
+would change this guest (docs/operations.md: check mode on a fresh host).
+The second guest is never converged: it is there for the lab's shared
+network and table."""
 
 import json
 import os
@@ -15,11 +22,14 @@ import sys
 
 import pytest
 
+from labtraces import lab_traces
+
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = "lsite"
 INVENTORY = "/var/lib/chv-fleet-lab/%s/inventory.yml" % LAB
-LAB_ARGS = ["-e", "lab_name=" + LAB, "-e", "lab_network=10.99.32.0/28"]
+GUESTS = 2  # more than one: the guests share the lab's network and table
+LAB_ARGS = ["-e", "lab_name=" + LAB, "-e", "lab_network=10.99.32.0/28", "-e", "lab_count=%d" % GUESTS]
 TRACES = ("/etc/chv-fleet /var/lib/chv-fleet /usr/lib/chv-fleet /opt/chv-browser /etc/chv /run/chv-shots "
           "/etc/systemd/system/chv-broker.socket /etc/systemd/system/chv-browser.service "
           "/etc/systemd/system/chv-cell-nat.service /etc/tmpfiles.d/chv-browser.conf")
@@ -33,17 +43,33 @@ def _run(argv):
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
+def lab(name):
+    proc = _run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", name)] + LAB_ARGS)
+    recap = re.search(r"localhost\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
+    return proc, dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}
+
+
 @pytest.fixture(scope="module")
 def guest():
-    up = _run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", "lab_up.yml")] + LAB_ARGS)
+    lab("lab_down.yml")
+    up, _ = lab("lab_up.yml")
     assert up.returncode == 0, up.stdout[-3000:]
     yield
-    _run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", "lab_down.yml")] + LAB_ARGS)
+    lab("lab_down.yml")  # a no-op after test_lab_down_leaves_nothing, the module's last test
+
+
+def test_lab_up_again_changes_nothing_and_every_guest_runs_systemd(guest):
+    proc, counts = lab("lab_up.yml")
+    assert proc.returncode == 0 and counts["changed"] == 0, proc.stdout[-3000:]
+    assert len([t for t in lab_traces(LAB) if t.startswith("process")]) == GUESTS
+    ping = _run([os.path.join(BIN, "ansible"), "-i", INVENTORY, "all", "-m", "command",
+                 "-a", "systemctl is-system-running"])
+    assert ping.stdout.count("running") >= GUESTS, ping.stdout + ping.stderr
 
 
 def site(*args):
-    proc = _run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(ROOT, "site.yml")]
-                + list(args))
+    proc = _run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(ROOT, "site.yml"),
+                 "--limit", LAB + "1"] + list(args))
     recap = re.search(r"lsite1\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
     counts = dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}
     return proc, counts
@@ -53,10 +79,16 @@ def traces():
     # the agent user chv exists before any converge (the lab makes it, as on a real guest): not a trace
     cmd = ("ls -d %s 2>/dev/null; getent passwd chv-browser; getent group chv-broker; "
            "nft list tables 2>/dev/null" % TRACES)
-    proc = _run([os.path.join(BIN, "ansible"), "-i", INVENTORY, "all", "-m", "ansible.builtin.shell",
-                 "-a", cmd, "-o"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout.split("(stdout)", 1)[1].strip() if "(stdout)" in proc.stdout else ""
+    with open(os.path.join(os.path.dirname(INVENTORY), "lab.json")) as f:
+        record = json.load(f)
+    found = []
+    for g in record["guests"]:  # plain ssh: an ansible run per check would cost a second of CPU
+        proc = subprocess.run(["ssh", "-i", record["key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@" + g["address"], cmd],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        found += ["%s: %s" % (g["name"], line) for line in proc.stdout.split("\n") if line.strip()]
+    return "\n".join(found)
 
 
 def test_good_values_would_change_the_guest(guest):
@@ -98,3 +130,9 @@ def _refused_before_any_change(proc, counts, needle):
     assert fatal and needle in "\n".join(fatal), proc.stdout[-3000:]
     assert counts.get("changed") == 0, counts
     assert traces() == ""
+
+
+def test_lab_down_leaves_nothing(guest):
+    proc, _ = lab("lab_down.yml")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert lab_traces(LAB) == []

@@ -52,7 +52,7 @@ def lab(name):
 @pytest.fixture(scope="module")
 def guest():
     lab("lab_down.yml")
-    up, _ = lab("lab_up.yml")
+    up = lab("lab_up.yml")[0]
     assert up.returncode == 0, up.stdout[-3000:]
     yield
     lab("lab_down.yml")  # a no-op after test_lab_down_leaves_nothing, the module's last test
@@ -133,6 +133,6 @@ def _refused_before_any_change(proc, counts, needle):
 
 
 def test_lab_down_leaves_nothing(guest):
-    proc, _ = lab("lab_down.yml")
+    proc = lab("lab_down.yml")[0]
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert lab_traces(LAB) == []

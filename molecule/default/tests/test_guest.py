@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+
 def test_guest_runs_systemd_as_pid1(host):
     assert host.file("/proc/1/comm").content_string.strip() == "systemd"
 

@@ -148,8 +148,8 @@ def test_module_check_mode_then_changed_then_ok(tmp_path, capsys):
 
 
 def test_module_fails_naming_the_entry_and_changes_nothing(tmp_path, capsys):
-    paths = [dict(path=str(tmp_path / "a"), mode="0750"), dict(path=str(tmp_path / "b"), mode="0750",
-                                                              owner="no-such-user-chv")]
+    paths = [dict(path=str(tmp_path / "a"), mode="0750"),
+             dict(path=str(tmp_path / "b"), mode="0750", owner="no-such-user-chv")]
     out = run(capsys, paths=paths, owner=UID, group=GID)
     assert out["failed"] and "paths[1] (%s): owner 'no-such-user-chv' does not exist" % paths[1]["path"] in out["msg"]
     assert not os.path.exists(paths[0]["path"])

@@ -4,9 +4,11 @@ the first converge found it: the same files, unit files, users, groups,
 nftables tables and sysctls as the snapshot molecule/shared/converge.yml
 took before the first converge (tests/helpers/host_snapshot.py).
 
-Runs in the trixie scenario only (the guest image has the roles' packages
-baked in, so a difference is the collection's, not a package's), and last:
-it removes what every other test needs (ends_the_guest)."""
+Runs in the default scenario only (its image has the roles' packages baked
+in, so a difference is the collection's, not a package's: on the trixie
+scenario's minimal image the converge installs them, and distribution
+packages stay), and last: it removes what every other test needs
+(ends_the_guest)."""
 
 import json
 import os
@@ -22,7 +24,7 @@ REMOVE = os.path.join(ROOT, "playbooks", "remove.yml")
 SNAPSHOT = os.path.join(ROOT, "tests", "helpers", "host_snapshot.py")
 BEFORE = "/root/chv-fleet-before.json"
 
-pytestmark = [only_in("trixie"), pytest.mark.ends_the_guest]
+pytestmark = [only_in("default"), pytest.mark.ends_the_guest]
 
 
 def remove(*args):

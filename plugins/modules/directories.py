@@ -23,7 +23,8 @@ description:
     create it) is not an error; the path is reported as changed.
   - Linux only; SELinux contexts and ACLs are left as they are.
 version_added: 0.1.0
-author: chv.fleet developers
+author:
+  - chv.fleet maintainers (@chv-fleet)
 options:
   paths:
     description: The directories, in the order they are made.
@@ -56,8 +57,12 @@ options:
 attributes:
   check_mode:
     support: full
+    description:
+      - Reports the paths it would create or change, changing nothing.
   diff_mode:
     support: full
+    description:
+      - One line per changed path before and after (C(absent), or mode, uid and gid).
 """
 
 EXAMPLES = r"""

@@ -111,6 +111,8 @@ def test_good_values_would_change_the_guest(guest):
     # settings two roles share: a mismatch names both; a browser path cells could see is named
     ({"chv_browser_broker_group": "web"}, 'chv_browser_broker_group=\\"web\\" and chv_broker_group=\\"chv-broker\\"'),
     ({"chv_browser_state_dir": "/srv/browser-state"}, 'lacks [\\"/srv/browser-state\\"]'),
+    # the preflight (chv.fleet.preflight): every slot's cell at its MemoryMax must fit in the host's memory
+    ({"chv_cell_properties": {"MemoryMax": "1T"}}, "memory: 2 slots x MemoryMax 1T = 2097152 MiB, more than"),
 ])
 def test_bad_value_fails_before_any_change(guest, extra, needle):
     proc, counts = site("-e", json.dumps(extra))

@@ -43,8 +43,7 @@ def test_a_host_with_everything_passes_every_check(host):
 @pytest.mark.parametrize("remove,name,needle", [
     ("/sys/fs/cgroup/cgroup.controllers", "cgroup2", "not cgroup2"),
     ("/proc/sys/user/max_user_namespaces", "user namespaces", "no user namespaces"),
-    ("/sys/module/veth/refcnt", "kernel modules", "has no veth"),
-    ("/lib/modules/%s/modules.dep" % RELEASE, "kernel modules", "has no nf_tables"),
+    ("/sys/module/veth/refcnt", "kernel modules", "has no veth (loaded"),
     ("/usr/sbin/ip", "iproute2", "no ip command"),
 ])
 def test_each_missing_feature_fails_its_own_check(host, remove, name, needle):
@@ -53,6 +52,12 @@ def test_each_missing_feature_fails_its_own_check(host, remove, name, needle):
         os.rmdir(os.path.join(str(host), "sys/module/veth"))
     failed = names_failed(host)
     assert [n for n, d in failed] == [name] and needle in failed[0][1], failed
+
+
+def test_a_module_list_without_nf_tables_fails(host):
+    write(host, "/lib/modules/%s/modules.dep" % RELEASE, "kernel/net/netfilter/nf_conntrack.ko.xz:\n")
+    assert names_failed(host) == [("kernel modules", "kernel %s has no nf_tables (loaded, built in, as a module "
+                                                     "or in its config)" % RELEASE)]
 
 
 def test_zero_user_namespaces_fail(host):
@@ -68,6 +73,22 @@ def test_a_built_in_module_counts(host):
     # a name that only contains the module's is not it
     write(host, "/lib/modules/%s/modules.builtin" % RELEASE, "kernel/net/netfilter/nf_tables_set.ko\n")
     assert [n for n, d in names_failed(host)] == ["kernel modules"]
+
+
+def test_a_kernel_config_counts_and_no_source_at_all_is_not_a_failure(host):
+    os.unlink(os.path.join(str(host), "lib/modules/%s/modules.dep" % RELEASE))
+    write(host, "/boot/config-%s" % RELEASE, "CONFIG_NF_TABLES=m\n# CONFIG_VETH is not set\n")
+    assert names_failed(host) == []  # veth from /sys/module
+    os.unlink(os.path.join(str(host), "sys/module/veth/refcnt"))
+    os.rmdir(os.path.join(str(host), "sys/module/veth"))
+    assert [d for n, d in names_failed(host)] == ["kernel %s has no veth (loaded, built in, as a module or in its "
+                                                  "config)" % RELEASE]
+    # a live probe that made a veth pair is proof enough
+    assert [n for n, ok, d in pf.run_checks(str(host), RELEASE, 2, "4G", proven=["veth"]) if not ok] == []
+    # no module list and no config: nothing to go by, so not a failure (the health gate proves it later)
+    os.unlink(os.path.join(str(host), "boot/config-%s" % RELEASE))
+    checks = dict((n, (ok, d)) for n, ok, d in pf.run_checks(str(host), RELEASE, 2, "4G"))
+    assert checks["kernel modules"][0] and "veth, nf_tables not verifiable here" in checks["kernel modules"][1]
 
 
 def test_memory_is_slots_times_memory_max(host):

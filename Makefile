@@ -97,7 +97,7 @@ define sanity_run
 	pipver=$$(grep -o "pip='[0-9.]*'" $(2)/lib/python*/site-packages/ansible_test/_internal/python_requirements.py | head -n1 | cut -d"'" -f2); \
 	  mkdir -p $$HOME/.ansible/test/cache; cp hack/get_pip_standin.py $$HOME/.ansible/test/cache/get_pip_$${pipver//./_}.py
 	cd $(BUILD)/sanity-$(1)/coll/ansible_collections/chv/fleet && git init -q . && git add -A >/dev/null && \
-	  PATH=$(2)/bin:$$PATH ansible-test sanity --python $(1) --color no
+	  PATH=$(2)/bin:$$PATH ansible-test sanity --python $(1) --color no $(3)
 endef
 
 sanity: venv
@@ -139,9 +139,10 @@ $(SCENARIOS:%=molecule-%): molecule-%: venv sysdeps
 
 # The second leg: Python 3.12 with ansible-core 2.21: every playbook
 # loaded by 2.21 (--syntax-check: modules, roles and plugins resolved; the
-# lint rules run once, on the first leg), sanity and the unit tests of the
-# collection's plugins (tests/unit/plugins: filters, modules, module_utils),
-# the code ansible-core loads. The launcher, broker
+# lint rules run once, on the first leg), sanity but pylint (which runs on
+# the first leg) and the unit tests of the collection's plugins
+# (tests/unit/plugins: filters, modules, module_utils), the code
+# ansible-core loads. The launcher, broker
 # and browser run on the guests' own Python (bookworm 3.11, trixie 3.13):
 # their unit tests run once, on 3.11, and the trixie scenario runs them for
 # real on 3.13.
@@ -153,8 +154,9 @@ test-leg312:
 	  $(VENV312)/bin/python -m pytest tests/unit/plugins -q -p no:cacheprovider && \
 	  $(MAKE) --no-print-directory sanity312; fi
 
+# pylint runs on the first leg only (the same code, most of sanity's time)
 sanity312: venv312
-	$(call sanity_run,3.12,$(VENV312))
+	$(call sanity_run,3.12,$(VENV312),--skip-test pylint)
 
 test: sysdeps venv
 	@unlaned="$(filter-out $(foreach l,$(LANES),$(LANE_$(l))),$(SCENARIOS:%=molecule-%))"; \

@@ -17,7 +17,7 @@ def test_check_mode_on_the_converged_guest_reports_no_change(host):
     assert recap[name]["failed"] == 0 and recap[name]["changed"] == 0, (changed, proc.stdout[-3000:])
 
 
-@only_in("trixie")
+@only_in("default")
 def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet(host):
     """Also the health gate, on the same two runs: healthy with an allowed
     destination that answers; failing the host, named, when a destination

@@ -1,16 +1,15 @@
 """chv.fleet.directories: the plan, its application, and the module (in
 process, on directories under tmp_path owned by the test's own uid/gid)."""
 
-import json
 import os
 import stat
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 from hypothesis import given, settings, strategies as st
 
 from ansible_collections.chv.fleet.plugins.module_utils import directories as d
 from ansible_collections.chv.fleet.plugins.modules import directories as module
+from module_run import run_module
 
 UID, GID = str(os.getuid()), str(os.getgid())
 
@@ -123,16 +122,8 @@ def test_after_apply_nothing_differs(tmp_path_factory, items):
         assert mode_of(path) == int(mode, 8)
 
 
-def run(capsys, check=False, diff=False, **args):
-    args = dict(args)
-    if check:
-        args["_ansible_check_mode"] = True
-    if diff:
-        args["_ansible_diff"] = True
-    with patch_module_args(args):
-        with pytest.raises(SystemExit):
-            module.main()
-    return json.loads(capsys.readouterr().out)
+def run(capsys, **args):
+    return run_module(module, capsys, **args)
 
 
 def test_module_check_mode_then_changed_then_ok(tmp_path, capsys):

@@ -4,10 +4,10 @@ failures (run in-process with fake host facts)."""
 import json
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as ci
 from ansible_collections.chv.fleet.plugins.modules import cell_identity as module
+from module_run import run_module
 
 FACTS = ci.HostFacts(ifnames=['lo', 'eth0', 'chvh0'], networks=[('10.200.0.0/24', 'eth0')],
                      ids=[0, 1000])
@@ -36,16 +36,8 @@ def fake_host(monkeypatch, tmp_path):
     monkeypatch.setattr(module, 'CellProbe', probe)
 
 
-def run(capsys, check=False, diff=False, **args):
-    args = dict(args)
-    if check:
-        args['_ansible_check_mode'] = True
-    if diff:
-        args['_ansible_diff'] = True
-    with patch_module_args(args):
-        with pytest.raises(SystemExit):
-            module.main()
-    return json.loads(capsys.readouterr().out)
+def run(capsys, **args):
+    return run_module(module, capsys, **args)
 
 
 def test_changed_then_ok(tmp_path, capsys):

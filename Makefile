@@ -44,7 +44,7 @@ INTEGRATION := cells netns broker browser playbooks
 # lth*, netns cnt-*), each lab its own network, table and guests; the image
 # and wheel caches are shared under locks.
 LANE_host := lint sanity units install-check integration test-leg312
-LANE_guests1 := molecule-default
+LANE_guests1 := molecule-fleet
 LANE_guests2 := molecule-trixie
 LANE_lab := lab-tests
 LANES := host guests1 guests2 lab

@@ -56,27 +56,50 @@ def validate_name(value, what):
     return value
 
 
-def guest_names(lab_name, count=None, names=None):
-    """Return the guest names of a lab: explicit names, or <lab_name><n> for n in 1..count."""
+IFNAME_RE = re.compile(r"^[a-z][a-z0-9]{0,14}$")
+GUEST_KEYS = ("name", "distro", "ifname")
+
+
+def guest_specs(lab_name, count=None, names=None):
+    """The guests of a lab as {name, distro, ifname} (distro and ifname None
+    when the entry leaves them to the lab): explicit entries (a name, or a
+    dict with a name and optionally its own distro and the guest-side name of
+    its interface), or <lab_name><n> for n in 1..count."""
     validate_name(lab_name, "lab_name")
     if names:
         if not isinstance(names, list):
-            raise LabError("lab_guests must be a list of names, got %r" % (names,))
-        for n in names:
-            validate_name(n, "lab_guests entry")
+            raise LabError("lab_guests must be a list of names or {name, distro, ifname} entries, got %r" % (names,))
+        specs = []
+        for entry in names:
+            spec = dict(entry) if isinstance(entry, dict) else {"name": entry}
+            unknown = sorted(set(spec) - set(GUEST_KEYS))
+            if unknown:
+                raise LabError("lab_guests entry %r has unknown keys %s (known: %s)"
+                               % (entry, ", ".join(unknown), ", ".join(GUEST_KEYS)))
+            validate_name(spec.get("name"), "lab_guests entry")
+            if spec.get("distro") is not None and spec["distro"] not in DISTROS:
+                raise LabError("lab_guests entry %s: distro %r is not supported; choose one of %s"
+                               % (spec["name"], spec["distro"], ", ".join(sorted(DISTROS))))
+            if spec.get("ifname") is not None and not IFNAME_RE.match(str(spec["ifname"])):
+                raise LabError("lab_guests entry %s: ifname %r is not an interface name (a lowercase letter, then "
+                               "at most 14 lowercase letters or digits)" % (spec["name"], spec["ifname"]))
+            specs.append({"name": spec["name"], "distro": spec.get("distro"), "ifname": spec.get("ifname")})
+        names = [s["name"] for s in specs]
         if len(set(names)) != len(names):
             raise LabError("lab_guests has duplicate names: %r" % (names,))
-        return list(names)
+        return specs
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
         raise LabError("lab_count %r is invalid: an integer from 1 to 64 is required" % (count,))
     result = ["%s%d" % (lab_name, i) for i in range(1, count + 1)]
     for n in result:
         validate_name(n, "generated guest name")
-    return result
+    return [{"name": n, "distro": None, "ifname": None} for n in result]
 
 
 def plan(lab_name, distro, network, count=None, names=None):
-    """Validate the parameters and return the lab plan: one /30 per guest."""
+    """Validate the parameters and return the lab plan: one /30 per guest,
+    each guest with its distro (the lab's unless its entry names one) and
+    the guest-side name of its interface (host0 unless its entry names one)."""
     if distro not in DISTROS:
         raise LabError("lab_distro %r is not supported; choose one of %s" % (distro, ", ".join(sorted(DISTROS))))
     try:
@@ -85,18 +108,20 @@ def plan(lab_name, distro, network, count=None, names=None):
         raise LabError("lab_network %r is not an IPv4 network: %s" % (network, exc))
     if net.prefixlen > 30:
         raise LabError("lab_network %r is smaller than one /30" % (network,))
-    guests = guest_names(lab_name, count, names)
+    guests = guest_specs(lab_name, count, names)
     slices = list(net.subnets(new_prefix=30)) if net.prefixlen < 30 else [net]
     if len(guests) > len(slices):
         raise LabError("lab_network %s holds %d /30 links, %d guests requested" % (net, len(slices), len(guests)))
     result = []
-    for name, sub in zip(guests, slices):
+    for spec, sub in zip(guests, slices):
         hosts = list(sub.hosts())
         result.append({
-            "name": name, "distro": distro, "link": str(sub), "host_ifname": "ve-" + name,
+            "name": spec["name"], "distro": spec["distro"] or distro, "ifname": spec["ifname"] or "host0",
+            "link": str(sub), "host_ifname": "ve-" + spec["name"],
             "host_address": str(hosts[0]), "address": str(hosts[1]), "prefixlen": 30,
         })
-    return {"lab": lab_name, "network": str(net), "distro": distro, "guests": result}
+    return {"lab": lab_name, "network": str(net), "distro": distro, "guests": result,
+            "distros": sorted(set(g["distro"] for g in result))}
 
 
 def overlapping_routes(network, routes, own_ifnames):

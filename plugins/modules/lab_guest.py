@@ -61,6 +61,13 @@ options:
   host_address:
     description: Lab host address on the guest's veth, the guest's default gateway.
     type: str
+  ifname:
+    description:
+      - The guest-side name of its interface (nspawn names it C(host0); the
+        lab renames it before configuring it, as a guest with another NIC
+        name would have).
+    type: str
+    default: host0
   prefixlen:
     description: Prefix length of the guest link.
     type: int
@@ -270,8 +277,10 @@ class Guest(object):
         self.run(["ip", "link", "set", self.ifname, "up"])
         ns = ["nsenter", "-t", str(leader), "-n", "ip"]
         self.run(ns + ["link", "set", "lo", "up"])
-        self.run(ns + ["addr", "replace", "%s/%d" % (p["address"], p["prefixlen"]), "dev", "host0"])
-        self.run(ns + ["link", "set", "host0", "up"])
+        if p["ifname"] != "host0":
+            self.run(ns + ["link", "set", "host0", "name", p["ifname"]])
+        self.run(ns + ["addr", "replace", "%s/%d" % (p["address"], p["prefixlen"]), "dev", p["ifname"]])
+        self.run(ns + ["link", "set", p["ifname"], "up"])
         self.run(ns + ["route", "replace", "default", "via", p["host_address"]])
         return leader
 
@@ -313,6 +322,7 @@ def main():
             image=dict(type="path"),
             address=dict(type="str"),
             host_address=dict(type="str"),
+            ifname=dict(type="str", default="host0"),
             prefixlen=dict(type="int", default=30),
             authorized_key=dict(type="str", no_log=False),
             nameservers=dict(type="list", elements="str", default=[]),

@@ -41,12 +41,15 @@ options:
     type: raw
     default: 1
   guests:
-    description: Explicit guest names.
+    description:
+      - Explicit guests, each a name or a dict with C(name) and optionally its
+        own C(distro) (the lab's I(distro) otherwise) and C(ifname), the
+        guest-side name of its interface (C(host0) otherwise).
     type: list
-    elements: str
+    elements: raw
     default: []
   distro:
-    description: Debian release of the guests.
+    description: Debian release of the guests whose entry names none.
     type: str
     required: true
   network:
@@ -83,6 +86,7 @@ guests:
   sample:
     - name: demo1
       distro: bookworm
+      ifname: host0
       link: 10.99.0.0/30
       host_ifname: ve-demo1
       host_address: 10.99.0.1
@@ -92,6 +96,11 @@ network:
   description: The normalized address range.
   returned: always
   type: str
+distros:
+  description: The distinct Debian releases of the guests (one image each).
+  returned: always
+  type: list
+  elements: str
 """
 
 import json
@@ -106,7 +115,7 @@ def main():
         argument_spec=dict(
             lab_name=dict(type="str", required=True),
             count=dict(type="raw", default=1),
-            guests=dict(type="list", elements="str", default=[]),
+            guests=dict(type="list", elements="raw", default=[]),
             distro=dict(type="str", required=True),
             network=dict(type="str", required=True),
             lab_dir=dict(type="path"),

@@ -3,7 +3,7 @@ it found it: files (one file system walk, volatile places left out), unit
 files, users, groups, nftables tables and the sysctls the collection sets.
 Runs on the guest (python3 host_snapshot.py [OUT]): Molecule's converge
 writes /root/chv-fleet-before.json before the first converge, and the
-uninstall test compares a second snapshot with it (molecule/default/tests/
+uninstall test compares a second snapshot with it (molecule/shared/tests/
 test_uninstall.py). Standard library only."""
 
 import json

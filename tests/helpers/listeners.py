@@ -1,5 +1,5 @@
 """A one-shot TCP listener that says "hello": the far end of the cells'
-reachability checks (tests/integration/cells and molecule/default/tests)."""
+reachability checks (tests/integration/cells and molecule/shared/tests)."""
 
 import socket
 import threading

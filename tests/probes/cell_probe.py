@@ -1,5 +1,5 @@
 """The in-cell isolation probe, shared by the real-cell integration tests
-(tests/integration/cells) and Molecule (molecule/default/tests): both run
+(tests/integration/cells) and Molecule (molecule/shared/tests): both run
 this file's text inside a cell with `python3 -I -c`, never import it.
 
 Argument: one JSON object

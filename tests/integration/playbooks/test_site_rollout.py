@@ -89,3 +89,36 @@ def test_a_switched_off_host_is_skipped_without_being_contacted(tmp_path):
     off["chv_fleet_enabled"] = True
     proc, out = site(tmp_path, host_vars={"h2": off})
     assert recap(out)["h2"]["unreachable"] == 1, out[-3000:]
+
+
+PHASES = ("install", "configure", "service")
+
+
+def listed(tmp_path, *tags):
+    """site.yml's role tasks that --tags selects: {"role : task": set of its tags} (--list-tasks)."""
+    (tmp_path / "one.yml").write_text(json.dumps({"all": {"children": {"chv_fleet": {"hosts": {"h1": dict(LOCAL)}}}}}))
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "one.yml"), os.path.join(ROOT, "site.yml"),
+            "--list-tasks"] + (["--tags", ",".join(tags)] if tags else [])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True, cwd=ROOT)
+    return dict((name, set(t.strip() for t in taglist.split(",")))
+                for name, taglist in re.findall(r"^\s+(chv\.fleet\.\w+ : .*?)\tTAGS: \[(.*)\]$", proc.stdout, re.M)
+                if "Validating arguments" not in name)
+
+
+def test_each_phase_tag_selects_its_own_tasks_and_every_role_task_has_a_phase(tmp_path):
+    everything = listed(tmp_path)
+    phases = dict((phase, listed(tmp_path, phase)) for phase in PHASES)
+    # every task of every role is in at least one phase: --tags install,configure,service runs the roles whole
+    assert set(everything) == set().union(*phases.values()), set(everything) - set().union(*phases.values())
+    assert all(tags & set(PHASES) for tags in everything.values())
+    for phase, tasks in phases.items():
+        assert all(phase in tags for tags in tasks.values()), (phase, tasks)
+    # what each phase is for: code and packages; the files that carry policy; the units
+    install, configure, service = (set(phases[p]) for p in PHASES)
+    assert "chv.fleet.broker : Install the chv_broker package files that differ from the role's" in install - configure
+    assert "chv.fleet.cell_runtime : Render the cell policy (checked by the launcher itself before it is put in place)" \
+        in configure - install - service
+    assert "chv.fleet.cell_nat : Render the cell NAT ruleset (checked with nft -c before it replaces the file)" \
+        in configure - install - service
+    assert "chv.fleet.browser : Enable and start chv-browser and its socket" in service - install - configure
+    assert not [t for t in configure | service if "Install the packages" in t or "Install chromium" in t]

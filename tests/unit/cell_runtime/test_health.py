@@ -1,7 +1,7 @@
 """chv-cell health's verdict (chv_cell.health): which check fails, and what
 it says, from the unit properties, the cell's report and the ruleset's
 counters. The guest side (a real cell, real units) is tested in Molecule
-(molecule/default/tests/test_health.py) and by site.yml's gate on every
+(molecule/shared/tests/test_health.py) and by site.yml's gate on every
 converge."""
 
 import json

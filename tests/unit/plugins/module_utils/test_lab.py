@@ -34,48 +34,58 @@ def test_names_longer_than_the_veth_allows_are_refused():
 
 
 # ---------------------------------------------------------------------------
-# guest_names
+# guest_specs
+
+def guest_names(*args):
+    return [spec["name"] for spec in lab.guest_specs(*args)]
+
 
 def test_generated_guest_names_count_from_one():
-    assert lab.guest_names("demo", 3) == ["demo1", "demo2", "demo3"]
-    assert lab.guest_names("demo", 1) == ["demo1"]
+    assert guest_names("demo", 3) == ["demo1", "demo2", "demo3"]
+    assert guest_names("demo", 1) == ["demo1"]
 
 
 def test_explicit_guest_names_win_over_the_count():
-    assert lab.guest_names("demo", 5, ["b", "a"]) == ["b", "a"]
-    assert lab.guest_names("demo", 5, []) == ["demo1", "demo2", "demo3", "demo4", "demo5"]  # empty: the count
+    assert guest_names("demo", 5, ["b", "a"]) == ["b", "a"]
+    assert guest_names("demo", 5, []) == ["demo1", "demo2", "demo3", "demo4", "demo5"]  # empty: the count
 
 
 @pytest.mark.parametrize("count", [0, 65, -1, True, "2", 1.0, None])
 def test_bad_counts_are_refused(count):
     with pytest.raises(LabError, match="lab_count .* is invalid: an integer from 1 to 64 is required"):
-        lab.guest_names("demo", count)
+        guest_names("demo", count)
 
 
 def test_count_bounds_are_inclusive():
-    assert len(lab.guest_names("d", 64)) == 64
-    assert lab.guest_names("d", 64)[-1] == "d64"
+    assert len(guest_names("d", 64)) == 64
+    assert guest_names("d", 64)[-1] == "d64"
 
 
 @pytest.mark.parametrize("names, message", [
     ("a,b", "lab_guests must be a list of names"),
+    ([{"name": "a", "distro": "sid"}], "lab_guests entry a: distro 'sid' is not supported; choose one of bookworm"),
+    ([{"name": "a", "ifname": "Ens5"}], "lab_guests entry a: ifname 'Ens5' is not an interface name"),
+    ([{"name": "a", "ifname": "e" * 16}], "lab_guests entry a: ifname 'e{16}' is not an interface name"),
+    ([{"name": "a", "image": "x"}], r"lab_guests entry .* has unknown keys image \(known: name, distro, ifname\)"),
+    ([{"distro": "trixie"}], "lab_guests entry None is not a valid hostname label"),
+    (["a", {"name": "a"}], "lab_guests has duplicate names"),
     (["a", "a"], "lab_guests has duplicate names"),
     (["a", "B"], "lab_guests entry 'B' is not a valid hostname label"),
 ])
 def test_bad_explicit_names_are_refused(names, message):
     with pytest.raises(LabError, match=message):
-        lab.guest_names("demo", None, names)
+        guest_names("demo", None, names)
 
 
 def test_the_lab_name_is_checked_even_with_explicit_names():
     with pytest.raises(LabError, match="lab_name 'Demo'"):
-        lab.guest_names("Demo", None, ["a"])
+        guest_names("Demo", None, ["a"])
 
 
 def test_a_generated_name_too_long_is_refused():
-    assert lab.guest_names("abcdefghijk", 9)[-1] == "abcdefghijk9"  # 12 characters: fits
+    assert guest_names("abcdefghijk", 9)[-1] == "abcdefghijk9"  # 12 characters: fits
     with pytest.raises(LabError, match="generated guest name 'abcdefghijk10' is 13 characters"):
-        lab.guest_names("abcdefghijk", 10)
+        guest_names("abcdefghijk", 10)
 
 
 # ---------------------------------------------------------------------------
@@ -83,12 +93,20 @@ def test_a_generated_name_too_long_is_refused():
 
 def test_plan_gives_each_guest_a_30_of_its_own():
     p = lab.plan("demo", "bookworm", "10.99.0.0/24", count=2)
-    assert p == {"lab": "demo", "network": "10.99.0.0/24", "distro": "bookworm", "guests": [
-        {"name": "demo1", "distro": "bookworm", "link": "10.99.0.0/30", "host_ifname": "ve-demo1",
+    assert p == {"lab": "demo", "network": "10.99.0.0/24", "distro": "bookworm", "distros": ["bookworm"], "guests": [
+        {"name": "demo1", "distro": "bookworm", "ifname": "host0", "link": "10.99.0.0/30", "host_ifname": "ve-demo1",
          "host_address": "10.99.0.1", "address": "10.99.0.2", "prefixlen": 30},
-        {"name": "demo2", "distro": "bookworm", "link": "10.99.0.4/30", "host_ifname": "ve-demo2",
+        {"name": "demo2", "distro": "bookworm", "ifname": "host0", "link": "10.99.0.4/30", "host_ifname": "ve-demo2",
          "host_address": "10.99.0.5", "address": "10.99.0.6", "prefixlen": 30},
     ]}
+
+
+def test_a_guest_entry_may_name_its_own_distro_and_interface():
+    p = lab.plan("f", "bookworm", "10.99.0.0/28",
+                 names=["guest-a", {"name": "guest-c", "distro": "trixie", "ifname": "ens5"}, {"name": "b"}])
+    assert [(g["name"], g["distro"], g["ifname"]) for g in p["guests"]] == [
+        ("guest-a", "bookworm", "host0"), ("guest-c", "trixie", "ens5"), ("b", "bookworm", "host0")]
+    assert p["distros"] == ["bookworm", "trixie"]
 
 
 def test_a_30_network_holds_exactly_one_guest():

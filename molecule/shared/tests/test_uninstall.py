@@ -17,18 +17,18 @@ import subprocess
 
 import pytest
 
-from conftest import only_in
+from conftest import inventory_argv, only_in
 from testpaths import ROOT
 
 REMOVE = os.path.join(ROOT, "playbooks", "remove.yml")
 SNAPSHOT = os.path.join(ROOT, "tests", "helpers", "host_snapshot.py")
 BEFORE = "/root/chv-fleet-before.json"
 
-pytestmark = [only_in("default"), pytest.mark.ends_the_guest]
+pytestmark = [only_in("fleet"), pytest.mark.ends_the_guest]
 
 
 def remove(*args):
-    proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], REMOVE] + list(args),
+    proc = subprocess.run(["ansible-playbook"] + inventory_argv() + [REMOVE] + list(args),
                           capture_output=True, text=True, check=False, timeout=900)
     return proc, proc.stdout + proc.stderr
 

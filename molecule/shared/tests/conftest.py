@@ -18,7 +18,14 @@ CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
 LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
 
 
+# The guests this run verifies (the verifier's --hosts; none: every guest of
+# the inventory). Every re-run of ansible-playbook from a test is limited to
+# them: in the fleet scenario the suite verifies the canary only.
+VERIFIED = []
+
+
 def pytest_configure(config):
+    VERIFIED[:] = [h.split("://")[-1] for h in (config.option.hosts or "").split(",") if h]
     config.addinivalue_line(
         "markers", "ends_the_guest: runs after every other test and leaves the guest changed (it does not restore "
                    "what it changed: a re-converge would cost a minute, and destroy follows verify)")
@@ -143,16 +150,25 @@ def lab_record():
     return json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
 
 
+def inventory_argv():
+    """ansible-playbook's inventory (Molecule's inventory directory: its hosts,
+    the linked group_vars and host_vars) limited to the verified guests."""
+    return ["-i", os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])] + (
+        ["--limit", ",".join(VERIFIED)] if VERIFIED else [])
+
+
 def roles_argv(roles, extra_vars):
     """The ansible-playbook command that runs roles of the collection on the
-    scenario's inventory with the lab's guest settings (as the converge
-    applies them) and extra variables."""
-    extra_vars = dict(lab_record().get("guest_vars", {}), **extra_vars)
+    verified guests with their lab settings (as the converge applies them;
+    the guests of one scenario's verify share one distribution) and extra
+    variables."""
+    guests = [g for g in lab_record()["guests"] if not VERIFIED or g["name"] in VERIFIED]
+    extra_vars = dict(guests[0]["vars"], **extra_vars)
     play = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / ("variant-%s.yml" % "-".join(r.split(".")[-1] for r in roles))
     play.write_text(
         "- hosts: all\n  become: true\n  gather_facts: false\n  tasks:\n"
         + "".join("    - ansible.builtin.include_role:\n        name: %s\n" % r for r in roles))
-    return ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(play), "-e", json.dumps(extra_vars)]
+    return ["ansible-playbook"] + inventory_argv() + [str(play), "-e", json.dumps(extra_vars)]
 
 
 def run_roles(roles, extra_vars, expect_ok=True):
@@ -170,7 +186,7 @@ def run_converge(args, expect_ok=True):
     """The scenario's own converge (the lab's guest settings, then site.yml)
     again, with extra ansible-playbook arguments (--check, --tags, -e ...).
     Returns (process, {host: recap counts}, [names of the tasks that changed])."""
-    proc = subprocess.run(["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(CONVERGE)] + list(args),
+    proc = subprocess.run(["ansible-playbook"] + inventory_argv() + [str(CONVERGE)] + list(args),
                           capture_output=True, text=True, check=False, timeout=900)
     out = proc.stdout + proc.stderr
     if expect_ok:

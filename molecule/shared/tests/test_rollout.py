@@ -17,7 +17,7 @@ def test_check_mode_on_the_converged_guest_reports_no_change(host):
     assert recap[name]["failed"] == 0 and recap[name]["changed"] == 0, (changed, proc.stdout[-3000:])
 
 
-@only_in("default")
+@only_in("fleet")
 def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet(host):
     """Also the health gate, on the same two runs: healthy with an allowed
     destination that answers; failing the host, named, when a destination
@@ -56,7 +56,7 @@ def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet
         assert "198.51.100.7" not in host.file(ruleset).content_string
 
 
-@only_in("default")
+@only_in("fleet")
 def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_nothing(host):
     """The guest's copy of a broker module is made to differ from the role's (a code change
     to roll out) while a cell runs. With a bound shorter than the cell, the host fails as not

@@ -179,7 +179,7 @@ def test_metadata_address_dropped(host, lab):
 # on the distribution: the default scenario only (make test's time budget).
 # Trixie's nft loads the scenario's ruleset at every converge, and the netns
 # suite loads each variant (tests/integration/netns).
-@only_in("default")
+@only_in("fleet")
 def test_policy_variants_deny_allow_uplink_and_foreign_chains(host, lab):
     """The policy variants, applied by re-running cell_nat, in one sequence
     so that each re-run does double duty (every converge of the role costs

@@ -71,7 +71,7 @@ def test_each_guest_runs_its_layers_of_the_example_inventory(name):
         ledger = json.loads(g.file("/var/lib/chv-fleet/identities.json").content_string)
         ruleset = g.check_output("nft -j list table inet chv_cell")
         rendered = g.file("/etc/chv-fleet/nft/cell-nat.nft").content_string
-        cell = g.run("chv-cell run -- sh -c 'cat /proc/self/cgroup; ip -4 -o addr show'")
+        cell = g.run("chv-cell run -- ip -4 -o addr show scope global")
     # slots from the host's layer (guest-c) or the fleet's; subnets from chv.fleet.host_pool by the host's index
     assert len(policy["slots"]) == want["slots"], policy["slots"]
     pool = ipaddress.ip_network(want["pool"])
@@ -96,17 +96,18 @@ def test_each_guest_runs_its_layers_of_the_example_inventory(name):
 
 
 def test_a_health_gate_failure_in_the_second_batch_stops_the_rollout_before_the_third():
-    """guest-b's broker stopped and masked: a rollout with the default batches
+    """guest-b's broker stopped (its unit files are the role's, in /etc, which
+    systemctl mask cannot cover; no role runs to start it again): a rollout with the default batches
     (--tags health_gate: the checks and the gate, no role) passes the canary,
     fails guest-b in the second batch, naming the check, and never reaches
     guest-c; build-1 is not part of it."""
     b = guest("guest-b")
     with b.sudo():
-        b.run_test("systemctl mask --now chv-broker.socket chv-broker.service")
+        b.run_test("systemctl stop chv-broker.socket chv-broker.service")
         try:
             proc, out = site("--tags", "health_gate")
         finally:
-            b.run_test("systemctl unmask chv-broker.socket chv-broker.service && systemctl start chv-broker.socket")
+            b.run_test("systemctl start chv-broker.socket")
     assert proc.returncode != 0, out[-4000:]
     assert site_batches(out) == [["guest-a"], ["guest-b"]], out[-4000:]
     assert "guest-a: healthy (" in out, out[-4000:]

@@ -58,10 +58,12 @@ def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet
 
 @only_in("fleet")
 def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_nothing(host):
-    """The guest's copy of a broker module is made to differ from the role's (a code change
-    to roll out) while a cell runs. With a bound shorter than the cell, the host fails as not
-    drained and the code and the service are as they were; with a long bound, the run waits
-    and changes the code only after the cell has ended (its last act is to write the time)."""
+    """While a cell runs: a broker configuration change with a bound shorter than the cell
+    fails the host as not drained, the configuration as it was. Then the guest's copy of a
+    broker module is made to differ from the role's (a code change to roll out): with the
+    short bound, the host fails as not drained and the code and the service are as they
+    were; with a long bound, the run waits and changes the code only after the cell has
+    ended (its last act is to write the time)."""
     module = "/usr/lib/chv-fleet/chv_broker/server.py"
     ended = "/run/chv-molecule-drain-ended"
     # the cell's payload waits for a trigger file the guest drops into its workspace
@@ -78,18 +80,27 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
             host.run_test("for i in $(seq 100); do chv-cell status | grep -q '^%s .*running pid=' && exit 0; "
                           "sleep 0.1; done; exit 1", slot)
 
-        host.run_test("echo '# a code change to roll out' >> %s", module)
-        drifted = host.check_output("sha256sum %s", module)
+        config = host.check_output("sha256sum /etc/chv-fleet/broker.json")
         invocation = host.check_output("systemctl show -P InvocationID chv-broker.socket chv-broker.service")
         start_cell()
         try:
+            # a configuration change alone (the code as the role's) is held back the same way
+            short = run_roles(["chv.fleet.broker"], {"chv_fleet_drain_timeout": 2, "chv_broker_read_timeout": 29},
+                              expect_ok=False)
+            out = short.stdout + short.stderr
+            assert short.returncode != 0 and "did not drain within chv_fleet_drain_timeout=2 s" in out, out[-3000:]
+            assert host.check_output("sha256sum /etc/chv-fleet/broker.json") == config
+            host.run_test("echo '# a code change to roll out' >> %s", module)
+            drifted = host.check_output("sha256sum %s", module)
             short = run_roles(["chv.fleet.broker"], {"chv_fleet_drain_timeout": 2}, expect_ok=False)
             out = short.stdout + short.stderr
             assert short.returncode != 0, out[-3000:]
             assert "did not drain within chv_fleet_drain_timeout=2 s: %s " % slot in out, out[-3000:]
-            assert "changing chv-broker's code held back, nothing of it done" in out, out[-3000:]
-            # left as it was: the code, and the broker's socket and service not restarted
+            assert "restarting chv-broker (its code, configuration or units change) held back, nothing of it done" \
+                in out, out[-3000:]
+            # left as it was: the code and configuration, and the broker's socket and service not restarted
             assert host.check_output("sha256sum %s", module) == drifted
+            assert host.check_output("sha256sum /etc/chv-fleet/broker.json") == config
             assert host.check_output("systemctl show -P InvocationID chv-broker.socket chv-broker.service") == \
                 invocation
             # a long bound: the run waits (polling) while the cell runs, and the cell ends only when told
@@ -98,7 +109,7 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
             lines = []
             for line in waiting.stdout:
                 lines.append(line)
-                if "RETRYING" in line and "Wait until no cell runs on the host before changing chv-broker" in line:
+                if "RETRYING" in line and "Wait until no cell runs on the host before restarting chv-broker" in line:
                     break
             assert host.check_output("sha256sum %s", module) == drifted, "changed before the cell ended"
             host.run_test("touch %s/.drain-go", workspace)

@@ -11,10 +11,11 @@ import os
 import subprocess
 import sys
 
-# Places that change by themselves (logs, caches, runtime state, Ansible's
-# and Python's own scratch files): outside what a converge may leave behind.
-VOLATILE = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/cache", "/var/lib/systemd",
-            "/var/lib/apt", "/var/lib/dpkg", "/var/lib/private", "/root/.ansible", "/root/.cache",
+# Places that change by themselves (logs, caches, runtime state, the daily
+# backups of dpkg's database, Ansible's and Python's own scratch files):
+# outside what a converge may leave behind.
+VOLATILE = ("/proc", "/sys", "/dev", "/run", "/tmp", "/var/tmp", "/var/log", "/var/cache", "/var/backups",
+            "/var/lib/systemd", "/var/lib/apt", "/var/lib/dpkg", "/var/lib/private", "/root/.ansible", "/root/.cache",
             "/home/chv/.ansible", "/home/chv/.cache")
 SYSCTLS = ("net.ipv4.ip_forward",)
 

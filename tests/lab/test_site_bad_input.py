@@ -11,6 +11,9 @@ units, users, nft tables). The control is a `--check --diff` run of the
 whole site.yml with good values on the same fresh guest: it gets past every
 check, runs every role without a failure and reports changes, so the roles
 would change this guest (docs/operations.md: check mode on a fresh host).
+The guests boot from the minimal image, which has none of the roles'
+packages and has never fetched its package lists: the hardest fresh host
+for check mode (the package installs are reported, not failed).
 The second guest is never converged: it is there for the lab's shared
 network and table."""
 
@@ -29,7 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LAB = "lsite"
 INVENTORY = "/var/lib/chv-fleet-lab/%s/inventory.yml" % LAB
 GUESTS = 2  # more than one: the guests share the lab's network and table
-LAB_ARGS = ["-e", "lab_name=" + LAB, "-e", "lab_network=10.99.32.0/28", "-e", "lab_count=%d" % GUESTS]
+LAB_ARGS = ["-e", "lab_name=" + LAB, "-e", "lab_network=10.99.32.0/28", "-e", "lab_count=%d" % GUESTS,
+            "-e", "lab_image_variant=minimal"]
 TRACES = ("/etc/chv-fleet /var/lib/chv-fleet /usr/lib/chv-fleet /opt/chv-browser /etc/chv /run/chv-shots "
           "/etc/systemd/system/chv-broker.socket /etc/systemd/system/chv-browser.service "
           "/etc/systemd/system/chv-cell-nat.service /etc/tmpfiles.d/chv-browser.conf")
@@ -97,6 +101,11 @@ def test_good_values_would_change_the_guest(guest):
     assert counts["changed"] > 10 and counts["failed"] == 0, counts
     for role in ("cell_runtime", "cell_nat", "broker", "browser"):
         assert "TASK [chv.fleet.%s : " % role in proc.stdout, role
+    # the minimal image lacks the packages: each role reports their install (chv.fleet.package_unresolved)
+    for task in ("Install the packages cells need (only those missing", "Install nftables and iproute2",
+                 "Install the packages chv-broker needs", "Install chromium and the Python venv tooling"):
+        assert re.search(r"TASK \[chv\.fleet\.\w+ : %s[^\n]*\nchanged: \[lsite1\]" % re.escape(task),
+                         proc.stdout), task
     assert traces() == ""
 
 

@@ -4,7 +4,7 @@ the first converge found it: the same files, unit files, users, groups,
 nftables tables and sysctls as the snapshot molecule/shared/converge.yml
 took before the first converge (tests/helpers/host_snapshot.py).
 
-Runs in the default scenario only (its image has the roles' packages baked
+Runs in the fleet scenario only (its image has the roles' packages baked
 in, so a difference is the collection's, not a package's: on the trixie
 scenario's minimal image the converge installs them, and distribution
 packages stay), and last: it removes what every other test needs

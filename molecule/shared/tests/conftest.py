@@ -3,7 +3,6 @@ from inside a real cell (chv-cell run) and from guest processes outside any cell
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import pytest
 
 # tests/helpers: what the verifier shares with the integration suites (testpaths, listeners).
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "helpers"))
+
+from playbook_output import recap  # noqa: E402 (tests/helpers, on the path above)
 
 CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
 LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
@@ -150,11 +151,12 @@ def lab_record():
     return json.loads((LAB_ROOT / "".join(c for c in name if c.isalnum()) / "lab.json").read_text())
 
 
-def inventory_argv():
+def inventory_argv(whole=False):
     """ansible-playbook's inventory (Molecule's inventory directory: its hosts,
-    the linked group_vars and host_vars) limited to the verified guests."""
+    the linked group_vars and host_vars), limited to the verified guests
+    unless `whole`."""
     return ["-i", os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])] + (
-        ["--limit", ",".join(VERIFIED)] if VERIFIED else [])
+        ["--limit", ",".join(VERIFIED)] if VERIFIED and not whole else [])
 
 
 def roles_argv(roles, extra_vars):
@@ -182,24 +184,23 @@ def run_roles(roles, extra_vars, expect_ok=True):
 CONVERGE = Path(__file__).resolve().parents[2] / "shared" / "converge.yml"
 
 
-def run_converge(args, expect_ok=True):
+def run_converge(args, expect_ok=True, whole=False):
     """The scenario's own converge (the lab's guest settings, then site.yml)
-    again, with extra ansible-playbook arguments (--check, --tags, -e ...).
+    again, with extra ansible-playbook arguments (--check, --tags, -e ...),
+    on the verified guests (every guest of the inventory with `whole`).
     Returns (process, {host: recap counts}, [names of the tasks that changed])."""
-    proc = subprocess.run(["ansible-playbook"] + inventory_argv() + [str(CONVERGE)] + list(args),
+    proc = subprocess.run(["ansible-playbook"] + inventory_argv(whole) + [str(CONVERGE)] + list(args),
                           capture_output=True, text=True, check=False, timeout=900)
     out = proc.stdout + proc.stderr
     if expect_ok:
         assert proc.returncode == 0, out[-4000:]
-    recap = {h: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
-             for h, rest in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", out.split("PLAY RECAP")[-1], re.M)}
     changed, task = [], None
     for line in proc.stdout.splitlines():
         if line.startswith("TASK ["):
             task = line[6:line.rindex("]")]
         elif line.startswith("changed: ") and task not in changed:
             changed.append(task)
-    return proc, recap, changed
+    return proc, recap(out), changed
 
 
 def lab_guest(host):

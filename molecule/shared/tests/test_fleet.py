@@ -3,22 +3,22 @@
 chv_fleet (build-1). Every other test of this directory verifies the
 canary, guest-a; these reach each guest themselves.
 
-Molecule's converge rolled the collection out in its default batches (the
-canary, 10 %, the rest) and its idempotence step re-ran it over the whole
-fleet with changed=0 on every guest; these tests read what that rollout
-left on each guest, then inject a health-gate failure into the second
-batch of a new rollout (molecule/fleet/molecule.yml)."""
+Molecule's converge rolled the collection out in two batches (the canary,
+then the rest: molecule/fleet/molecule.yml) and its idempotence step re-ran
+it over the whole fleet with changed=0 on every guest; these tests read what
+that rollout left on each guest, then inject a health-gate failure into the
+second of the default batches (one host each here) of a new rollout."""
 
 import ipaddress
 import json
 import os
 import re
-import subprocess
 
 import pytest
 import testinfra
 
-from conftest import CONVERGE, only_in
+from conftest import only_in, run_converge
+from playbook_output import batches
 from testpaths import ROOT
 
 pytestmark = only_in("fleet")
@@ -39,20 +39,6 @@ DISTRO = {"guest-a": "bookworm", "guest-b": "bookworm", "guest-c": "trixie", "bu
 def guest(name):
     inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
     return testinfra.get_host("ansible://%s?ansible_inventory=%s" % (name, inventory))
-
-
-def site(*args):
-    """The scenario's converge (guest settings, then site.yml) over the whole inventory."""
-    proc = subprocess.run(["ansible-playbook", "-i", os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"]),
-                           str(CONVERGE)] + list(args), capture_output=True, text=True, check=False, timeout=900)
-    return proc, proc.stdout + proc.stderr
-
-
-def site_batches(out):
-    """site.yml's batches, in order: the hosts of each run of its first pre-task."""
-    play = out.split("PLAY [Deploy chv.fleet cells]", 1)[1]
-    return [sorted(set(re.findall(r"^(?:ok|fatal|skipping|changed): \[([\w-]+)\]", chunk.split("TASK [")[0], re.M)))
-            for chunk in play.split("TASK [Refuse rollout settings from the inventory that Ansible ignores]")[1:]]
 
 
 def snapshot(host):
@@ -106,11 +92,12 @@ def test_a_health_gate_failure_in_the_second_batch_stops_the_rollout_before_the_
     with b.sudo():
         b.run_test("systemctl stop chv-broker.socket chv-broker.service")
         try:
-            proc, out = site("--tags", "health_gate")
+            proc = run_converge(["--tags", "health_gate"], expect_ok=False, whole=True)[0]
         finally:
             b.run_test("systemctl start chv-broker.socket")
+    out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
-    assert site_batches(out) == [["guest-a"], ["guest-b"]], out[-4000:]
+    assert batches(out) == [["guest-a"], ["guest-b"]], out[-4000:]
     assert "guest-a: healthy (" in out, out[-4000:]
     failure = re.search(r"guest-b failed the health gate, so the rollout stops before the next batch: (.*)", out)
     assert failure and "unit chv-broker.socket" in failure.group(1) and "broker ping" in failure.group(1), out[-4000:]

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 
+from playbook_output import batches, recap
 from testpaths import ROOT
 
 BIN = os.path.dirname(sys.executable)
@@ -35,19 +36,6 @@ def site(tmp_path, group_vars=None, host_vars=None, extra=None):
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
                           env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
     return proc, proc.stdout + proc.stderr
-
-
-def recap(out):
-    return dict((h, dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", rest)))
-                for h, rest in re.findall(r"^(\w+)\s+:\s+(ok=.*)$", out.split("PLAY RECAP")[-1], re.M))
-
-
-def batches(out):
-    """The hosts of each batch, from the first task that every batch runs."""
-    found = []
-    for chunk in out.split("TASK [Refuse rollout settings from the inventory that Ansible ignores]")[1:]:
-        found.append(sorted(set(re.findall(r"^(?:ok|fatal|skipping): \[(\w+)\]", chunk.split("TASK [")[0], re.M))))
-    return found
 
 
 def test_default_rollout_is_a_canary_then_the_rest_of_chv_fleet_only(tmp_path):

@@ -454,6 +454,16 @@ def _jump_targets(expr):
     return targets
 
 
+def table_loaded(ruleset, own=(TABLE_FAMILY, TABLE_NAME)):
+    """Whether the kernel has the collection's table: ``ruleset`` is the
+    text or parsed output of ``nft -j list ruleset``."""
+    if isinstance(ruleset, (str, bytes)):
+        ruleset = json.loads(ruleset) if ruleset.strip() else {"nftables": []}
+    items = ruleset.get("nftables", []) if isinstance(ruleset, dict) else []
+    return any((item["table"].get("family"), item["table"].get("name")) == tuple(own)
+               for item in items if isinstance(item.get("table"), dict))
+
+
 def detect_conflicts(ruleset, own=(TABLE_FAMILY, TABLE_NAME)):
     """Foreign base chains on forward/input hooks that may drop cell traffic.
 

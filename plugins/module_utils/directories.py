@@ -48,7 +48,7 @@ class Change(object):
         return self.wanted.path
 
 
-def _resolve(value, kind, lookup, allow_unknown):
+def _resolve(value, kind, lookup, allow_unknown, error):
     text = str(value)
     if text.isdigit():
         return int(text)
@@ -57,7 +57,34 @@ def _resolve(value, kind, lookup, allow_unknown):
     except KeyError:
         if allow_unknown:
             return None
-        raise DirectoryError("%s %r does not exist on this host" % (kind, text))
+        raise error("%s %r does not exist on this host" % (kind, text))
+
+
+def check_path(path, where, error=None):
+    """An entry's path: absolute and normalized, or error (DirectoryError
+    unless another class is given) naming the entry."""
+    if not isinstance(path, str) or not path.startswith("/") or os.path.normpath(path) != path:
+        raise (error or DirectoryError)("%s: path must be an absolute, normalized path, got %r" % (where, path))
+    return path
+
+
+def check_owner(entry, where, path, owner, group, allow_unknown=False, error=None,
+                uid_of=lambda name: pwd.getpwnam(name).pw_uid,
+                gid_of=lambda name: grp.getgrnam(name).gr_gid):
+    """An entry's mode (an octal string), owner and group (names or numbers;
+    the entry's own or the module's default) as (mode, owner, group, uid,
+    gid); uid and gid are None for a name the host does not have when
+    allow_unknown (check mode). Shared by chv.fleet.directories and
+    chv.fleet.files."""
+    error = error or DirectoryError
+    mode = str(entry.get("mode", ""))
+    if not MODE_RE.match(mode):
+        raise error("%s (%s): mode must be an octal string such as \"0755\", got %r" % (where, path, entry.get("mode")))
+    own = entry.get("owner") if entry.get("owner") is not None else owner
+    grp_ = entry.get("group") if entry.get("group") is not None else group
+    return (int(mode, 8), str(own), str(grp_),
+            _resolve(own, "%s (%s): owner" % (where, path), uid_of, allow_unknown, error),
+            _resolve(grp_, "%s (%s): group" % (where, path), gid_of, allow_unknown, error))
 
 
 def wanted_entries(paths, owner, group, allow_unknown=False,
@@ -68,19 +95,10 @@ def wanted_entries(paths, owner, group, allow_unknown=False,
     own or the module's default). A path twice must be the same entry."""
     out, seen = [], {}
     for index, entry in enumerate(paths):
-        path = entry.get("path")
         where = "paths[%d]" % index
-        if not isinstance(path, str) or not path.startswith("/") or os.path.normpath(path) != path:
-            raise DirectoryError("%s: path must be an absolute, normalized path, got %r" % (where, path))
-        mode = str(entry.get("mode", ""))
-        if not MODE_RE.match(mode):
-            raise DirectoryError("%s (%s): mode must be an octal string such as \"0755\", got %r"
-                                 % (where, path, entry.get("mode")))
-        own = entry.get("owner") if entry.get("owner") is not None else owner
-        grp_ = entry.get("group") if entry.get("group") is not None else group
-        wanted = Wanted(path, int(mode, 8), str(own), str(grp_),
-                        _resolve(own, "%s (%s): owner" % (where, path), uid_of, allow_unknown),
-                        _resolve(grp_, "%s (%s): group" % (where, path), gid_of, allow_unknown))
+        path = check_path(entry.get("path"), where)
+        wanted = Wanted(path, *check_owner(entry, where, path, owner, group, allow_unknown,
+                                           uid_of=uid_of, gid_of=gid_of))
         key = (wanted.mode, wanted.owner, wanted.group)
         if path in seen and seen[path] != key:
             raise DirectoryError("%s: %s is listed twice with different settings" % (where, path))

@@ -175,6 +175,16 @@ conflict_messages:
   returned: success
   type: list
   elements: str
+table_loaded:
+  description: Whether the kernel has table inet chv_cell (false when nft is not installed).
+  returned: success
+  type: bool
+  sample: true
+ip_forward:
+  description: The host's net.ipv4.ip_forward now (C(/proc/sys/net/ipv4/ip_forward)), empty when unreadable.
+  returned: success
+  type: str
+  sample: "1"
 nft_available:
   description: Whether C(nft) was found (conflicts are only checked when it is).
   returned: success
@@ -212,6 +222,7 @@ from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import (
     CellNatError,
     conflict_message,
     detect_conflicts,
+    table_loaded,
     plan,
     slots_from_ledger,
 )
@@ -222,6 +233,14 @@ def _interfaces():
         return set(os.listdir("/sys/class/net"))
     except OSError:
         return None
+
+
+def _ip_forward():
+    try:
+        with open("/proc/sys/net/ipv4/ip_forward") as handle:
+            return handle.read().strip()
+    except (OSError, IOError):
+        return ""
 
 
 def main():
@@ -275,14 +294,15 @@ def main():
                     "%sdns_via_gateway is off: cells can resolve names only through an allow entry "
                     "that covers their resolvers" % (prefix, prefix, prefix))
 
-    conflicts, messages = [], []
+    conflicts, messages, loaded = [], [], False
     nft = module.get_bin_path("nft")
     if nft:
         rc, out, err = module.run_command([nft, "-j", "list", "ruleset"])
         if rc != 0:
             module.fail_json(msg="nft -j list ruleset failed: %s" % err.strip())
         try:
-            conflicts = detect_conflicts(json.loads(out) if out.strip() else {"nftables": []})
+            listed = json.loads(out) if out.strip() else {"nftables": []}
+            conflicts, loaded = detect_conflicts(listed), table_loaded(listed)
         except ValueError as exc:
             module.fail_json(msg="cannot parse nft -j list ruleset: %s" % exc)
         messages = [conflict_message(c) for c in conflicts]
@@ -299,6 +319,8 @@ def main():
         conflicts=conflicts,
         conflict_messages=messages,
         nft_available=bool(nft),
+        table_loaded=loaded,
+        ip_forward=_ip_forward(),
         ruleset=data,
     )
 

@@ -265,6 +265,17 @@ def test_no_conflicts_for_an_empty_or_own_ruleset():
     assert cn.detect_conflicts(own) == []
 
 
+def test_table_loaded_finds_only_the_collections_table():
+    listed = json.loads((FIXTURES / "ruleset_docker_firewalld.json").read_text())
+    assert cn.table_loaded(listed) is True
+    listed["nftables"] = [i for i in listed["nftables"]
+                          if not ("table" in i and i["table"].get("name") == "chv_cell")]
+    assert cn.table_loaded(listed) is False  # the control: same ruleset, the table dropped
+    assert cn.table_loaded(json.dumps(listed)) is False
+    assert cn.table_loaded("") is False
+    assert cn.table_loaded({"nftables": [{"table": {"family": "ip", "name": "chv_cell"}}]}) is False
+
+
 def test_jump_loops_do_not_hang():
     rs = {"nftables": [
         {"chain": {"family": "ip", "table": "t", "name": "base", "hook": "input", "prio": 0, "policy": "accept"}},

@@ -28,8 +28,9 @@ def changed_groups(groups, checked):
     changed = set((checked or {}).get('changed_files') or []) if isinstance(checked, Mapping) else set()
     out = {}
     for name, entries in groups.items():
-        if isinstance(entries, (str, bytes, Mapping)) or any(not isinstance(e, Mapping) or 'dest' not in e
-                                                            for e in entries):
+        bad = isinstance(entries, (str, bytes, Mapping)) or any(
+            not isinstance(e, Mapping) or 'dest' not in e for e in entries)
+        if bad:
             raise AnsibleFilterError('chv.fleet.changed_groups: group %s must be a list of entries with dest, got %r'
                                      % (name, entries))
         out[name] = [e['dest'] for e in entries if e['dest'] in changed]

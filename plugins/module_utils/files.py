@@ -245,9 +245,9 @@ def diff(changes):
         elif c.kind == "link":
             entry.update(before=_text(c.before), after=_text(w.src))
         elif c.kind == "attrs":
-            entry.update(before=_attrs_line(*c.attrs), after=_attrs_line(w.mode, w.uid if w.uid is not None
-                                                                        else w.owner,
-                                                                        w.gid if w.gid is not None else w.group))
+            uid = w.uid if w.uid is not None else w.owner
+            gid = w.gid if w.gid is not None else w.group
+            entry.update(before=_attrs_line(*c.attrs), after=_attrs_line(w.mode, uid, gid))
         else:
             entry.update(before=_text(c.before), after=_text(w.content))
             if c.kind == "create":

@@ -142,7 +142,7 @@ def main():
         entries = files.wanted_entries(p["files"], p["owner"], p["group"], allow_unknown=module.check_mode)
         changes = files.plan(entries, check_mode=module.check_mode)
         if changes and not module.check_mode:
-            files.apply(changes, run=lambda argv: module.run_command(argv))
+            files.apply(changes, run=module.run_command)
     except (files.FilesError, OSError) as e:
         module.fail_json(msg="chv.fleet.files: %s" % e)
     result = dict(changed=bool(changes), changed_files=[c.dest for c in changes])

@@ -18,7 +18,7 @@ def test_check_mode_on_the_converged_guest_reports_no_change(host):
 
 
 @only_in("trixie")  # distribution-independent; trixie's lane ends before the fleet's (make test's budget)
-def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet(host):
+def test_tags_cell_nat_and_configure_change_the_ruleset_only_and_host_denies_extend_the_fleet(host):
     """Also the health gate, on the same two runs: healthy with an allowed
     destination that answers; failing the host, named, when a destination
     it must refuse connects (site.yml's post_tasks)."""
@@ -42,9 +42,10 @@ def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet
             for addr in ("198.51.100.77", "198.51.100.78"):
                 assert addr in host.file(ruleset).content_string and addr in loaded, addr
     finally:
-        # control: the plain converge takes the deny entry out again, changing cell_nat only; the gate
-        # then fails the host, because the destination it was told to see refused answers
-        proc, recap, changed = run_converge(["--tags", "cell_nat", "-e",
+        # control: a --tags configure run (every role's configure phase) takes the deny entry out again,
+        # changing the ruleset only; the gate then fails the host, because the destination it was told
+        # to see refused answers
+        proc, recap, changed = run_converge(["--tags", "configure", "-e",
                                              json.dumps({"chv_fleet_health_deny": [target]})], expect_ok=False)
         server.close()
     out = proc.stdout + proc.stderr
@@ -52,6 +53,13 @@ def test_tags_cell_nat_changes_the_ruleset_only_and_host_denies_extend_the_fleet
     assert "%s failed the health gate, so the rollout stops before the next batch" % name in out, out[-3000:]
     assert "refused %s: connected" % target in out, out[-3000:]
     assert changed and all(t.startswith("chv.fleet.cell_nat : ") for t in changed), changed
+    assert "chv.fleet.cell_nat : Render the cell NAT rulesets and the forwarding settings" in changed, changed
+    # the configure phase of the other roles ran too, and found nothing to change
+    ran = set(line.split("[", 1)[1].rsplit("]", 1)[0] for line in proc.stdout.splitlines() if line.startswith("TASK ["))
+    assert {"chv.fleet.cell_runtime : Allocate the slot identities",
+            "chv.fleet.broker : Render the chv-broker configuration",
+            "chv.fleet.browser : Render the chv-browser configuration"} <= ran, sorted(ran)
+    assert not [t for t in ran if "Install the packages" in t or "Install Playwright" in t], sorted(ran)
     with host.sudo():
         assert "198.51.100.7" not in host.file(ruleset).content_string
 

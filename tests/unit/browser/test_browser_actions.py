@@ -97,3 +97,24 @@ def test_shared_modules_are_the_brokers(name):
     browser_file = os.path.join(FILES, "chv_browser", name)
     assert os.path.islink(browser_file)
     assert os.path.realpath(browser_file) == os.path.join(ROOT, "roles", "broker", "files", "chv_broker", name)
+
+
+def test_a_playwright_other_than_the_configured_one_stops_the_start(tmp_path, capsys):
+    """The role writes the version it installed into browser.json: a venv it has not
+    finished upgrading (or downgraded by hand) must not serve; unpinned, no check."""
+    import importlib.metadata
+    assert server.playwright_mismatch("", installed=lambda: "0.0") is None
+    assert server.playwright_mismatch("1.65.2", installed=lambda: "1.65.2") is None  # the control
+    assert server.playwright_mismatch("1.65.2", installed=lambda: "1.60.0") == \
+        "Playwright 1.60.0 is installed, the configuration expects 1.65.2"
+
+    def missing():
+        raise importlib.metadata.PackageNotFoundError("playwright")
+    assert server.playwright_mismatch("1.65.2", installed=missing) == \
+        "Playwright (none) is installed, the configuration expects 1.65.2"
+    # main() refuses before it binds or starts anything (this venv has no Playwright 0.0.1)
+    config = tmp_path / "browser.json"
+    config.write_text('{"playwright_version": "0.0.1", "socket": "%s"}' % (tmp_path / "never.sock"))
+    assert server.main(["--config", str(config)]) == 1
+    assert '"verdict": "refused-start"' in capsys.readouterr().err
+    assert not (tmp_path / "never.sock").exists()

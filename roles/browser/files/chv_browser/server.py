@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import grp
+import importlib.metadata
 import json
 import os
 import signal
@@ -75,6 +76,7 @@ DEFAULTS = {
     "max_request_bytes": 65536,
     "read_timeout": 10.0,
     "max_connections": 8,
+    "playwright_version": "",
 }
 LOG_EVENT = "chv-browser"
 
@@ -85,6 +87,21 @@ def load_config(path):
         with open(path, encoding="utf-8") as fh:
             cfg.update(json.load(fh))
     return cfg
+
+
+def playwright_mismatch(expected, installed=lambda: importlib.metadata.version("playwright")):
+    """Why the venv's Playwright is not the version the role installed
+    (the configuration's playwright_version; empty: not pinned, no check),
+    or None. A venv the role has not finished upgrading must not serve."""
+    if not expected:
+        return None
+    try:
+        have = installed()
+    except importlib.metadata.PackageNotFoundError:
+        have = None
+    if have == expected:
+        return None
+    return "Playwright %s is installed, the configuration expects %s" % (have or "(none)", expected)
 
 
 def _log(**fields):
@@ -472,6 +489,10 @@ def main(argv=None):
     ap.add_argument("--config", default="/etc/chv-fleet/browser.json")
     args = ap.parse_args(argv)
     cfg = load_config(args.config if os.path.exists(args.config) else None)
+    mismatch = playwright_mismatch(cfg["playwright_version"])
+    if mismatch:
+        _log(verdict="refused-start", reason=mismatch)
+        return 1
     os.environ.setdefault("PLAYWRIGHT_BROWSERS_PATH", "/nonexistent")
     os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
     # systemd's chv-browser.socket (owner, group and mode set there), else bind it ourselves

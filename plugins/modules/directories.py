@@ -85,6 +85,7 @@ changed_paths:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.chv.fleet.plugins.module_utils import directories
+from ansible_collections.chv.fleet.plugins.module_utils.converge import plan_and_apply
 
 
 def main():
@@ -102,18 +103,11 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    try:
-        entries = directories.wanted_entries(p["paths"], p["owner"], p["group"], allow_unknown=module.check_mode)
-        changes = directories.plan(entries)
-        if changes and not module.check_mode:
-            directories.apply(changes)
-    except (directories.DirectoryError, OSError) as e:
-        module.fail_json(msg="chv.fleet.directories: %s" % e)
-    result = dict(changed=bool(changes), changed_paths=[c.path for c in changes])
-    if changes and module._diff:
-        result["diff"] = directories.diff(changes)
-    module.exit_json(**result)
-
+    plan_and_apply(
+        module, "chv.fleet.directories", (directories.DirectoryError, OSError),
+        plan=lambda: directories.plan(directories.wanted_entries(p["paths"], p["owner"], p["group"],
+                                                                 allow_unknown=module.check_mode)),
+        apply=directories.apply, diff=directories.diff, key="changed_paths", name_of=lambda change: change.path)
 
 if __name__ == "__main__":
     main()

@@ -116,6 +116,7 @@ changed_files:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.chv.fleet.plugins.module_utils import files
+from ansible_collections.chv.fleet.plugins.module_utils.converge import plan_and_apply
 
 
 def main():
@@ -138,18 +139,12 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    try:
-        entries = files.wanted_entries(p["files"], p["owner"], p["group"], allow_unknown=module.check_mode)
-        changes = files.plan(entries, check_mode=module.check_mode)
-        if changes and not module.check_mode:
-            files.apply(changes, run=module.run_command)
-    except (files.FilesError, OSError) as e:
-        module.fail_json(msg="chv.fleet.files: %s" % e)
-    result = dict(changed=bool(changes), changed_files=[c.dest for c in changes])
-    if changes and module._diff:
-        result["diff"] = files.diff(changes)
-    module.exit_json(**result)
-
+    plan_and_apply(
+        module, "chv.fleet.files", (files.FilesError, OSError),
+        plan=lambda: files.plan(files.wanted_entries(p["files"], p["owner"], p["group"], allow_unknown=module.check_mode),
+                                check_mode=module.check_mode),
+        apply=lambda changes: files.apply(changes, run=module.run_command),
+        diff=files.diff, key="changed_files", name_of=lambda change: change.dest)
 
 if __name__ == "__main__":
     main()

@@ -1,9 +1,10 @@
-"""Command line: chv-cell run | argv | validate-policy | status | health.
+"""Command line: chv-cell run | argv | validate-policy | status | health | audit.
 
 As root everything runs here.  A non-root user asking for ``run`` or
 ``status`` is handed to ``agent.delegate`` (sudo and the root-only
 ``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
-world-readable policy and run as that user; ``health`` is root's only."""
+world-readable policy and run as that user; ``health`` and ``audit`` are
+root's only (``audit --list`` prints the catalog for anyone)."""
 
 import argparse
 import json
@@ -13,6 +14,8 @@ import sys
 
 from . import agent as agentmod
 from . import argv as argvmod
+from . import audit as auditmod
+from . import counterproof
 from . import health as healthmod
 from . import policy as policymod
 from . import runner
@@ -96,6 +99,36 @@ def build_parser():
                    % healthmod.GUEST_PROBE_PORT)
     h.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
     h.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+    lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    u = sub.add_parser("audit", allow_abbrev=False,
+                       help="run the isolation case catalog in real cells on this guest and report each case "
+                       "(exit 0 passed, %d a case failed, %d a control failed)"
+                       % (auditmod.EXIT_FAILED, auditmod.EXIT_ERROR))
+    u.add_argument("--list", action="store_true", help="print the catalog (Markdown) and run nothing")
+    u.add_argument("--slot", help="the slot of cell A (default: the first); cell B takes another")
+    u.add_argument("--allow", action="append", default=[], metavar="HOST:PORT",
+                   help="a destination cells may reach (NET-01)")
+    u.add_argument("--deny", action="append", default=[], metavar="HOST:PORT",
+                   help="a destination the egress policy denies and the guest reaches (NET-05)")
+    u.add_argument("--metadata-stand-in", action="store_true",
+                   help="add %s to the guest's loopback for the run (NET-04)" % auditmod.METADATA)
+    u.add_argument("--trusted", action="append", default=[], metavar="PATH",
+                   help="another file cells must not be able to write (FS-09), e.g. the ruleset")
+    u.add_argument("--broker-client", default=os.path.join(lib, "chv_broker", "client.py"), metavar="PATH",
+                   help="chv-broker's client.py (default: %(default)s; IPC cases skipped when missing)")
+    u.add_argument("--runs", type=int, default=100, help="consecutive runs of LIFE-02 (default 100)")
+    u.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
+    u.add_argument("--report-dir", metavar="DIR", help="write audit.json, audit.xml (JUnit) and audit.md there")
+    u.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a line for the report's header (the collection version, a git commit)")
+    u.add_argument("--strict-skips", action="store_true", help="a skipped case fails the run")
+    u.add_argument("--counter-proof", action="store_true",
+                   help="loosen each boundary that can be loosened here for one run of the cells (a copy of the "
+                   "policy, or accept rules for cell A only) and show that exactly its cases fail, and pass "
+                   "before and after (exit 0 proven, %d not proven, %d a run did not pass or a cell did not start)"
+                   % (counterproof.EXIT_NOT_PROVEN, counterproof.EXIT_ERROR))
+    u.add_argument("--json", action="store_true", help="print the report as JSON instead of Markdown")
     return ap
 
 
@@ -140,6 +173,43 @@ def health(ns):
     return 0 if healthy else healthmod.EXIT_UNHEALTHY
 
 
+def audit(ns):
+    """``chv-cell audit``: the catalog on this guest; the report on stdout
+    (and in --report-dir); 0 passed, 1 a case failed, 2 a control failed."""
+    labels = {}
+    for label in ns.label:
+        key, sep, value = label.partition("=")
+        if not sep or not key:
+            runner.log("audit: --label %r is not KEY=VALUE" % label)
+            return runner.EXIT_CONFIG
+        labels[key] = value
+    try:
+        for target in ns.allow + ns.deny:
+            healthmod.parse_target(target)
+    except ValueError as exc:
+        runner.log("audit: %s" % exc)
+        return runner.EXIT_CONFIG
+    if ns.runs < 1:
+        runner.log("audit: --runs must be at least 1, got %d" % ns.runs)
+        return runner.EXIT_CONFIG
+    opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
+            "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
+            "labels": labels, "strict_skips": ns.strict_skips}
+    if ns.counter_proof:
+        rep = counterproof.run(ns.policy, opts)
+        text = counterproof.to_markdown(rep)
+        if ns.report_dir:
+            counterproof.write_reports(rep, ns.report_dir)
+    else:
+        rep = auditmod.run(ns.policy, opts)
+        text = auditmod.to_markdown(rep)
+        if ns.report_dir:
+            auditmod.write_reports(rep, ns.report_dir)
+    sys.stdout.write(json.dumps(rep, indent=2, sort_keys=True) + "\n" if ns.json else text)
+    sys.stdout.flush()
+    return rep["exit"]
+
+
 def _asks_for_help(rest):
     """-h/--help among the options before '--'."""
     opts = rest[:rest.index("--")] if "--" in rest else rest
@@ -162,8 +232,11 @@ def main(args=None, euid=None):
     if euid != 0 and ns.action in ("run", "status"):
         runner.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
         return runner.EXIT_CONFIG
-    if euid != 0 and ns.action == "health":
-        runner.log("chv-cell health runs as root only")
+    if ns.action == "audit" and ns.list:
+        sys.stdout.write(counterproof.catalog_markdown())
+        return 0
+    if euid != 0 and ns.action in ("health", "audit"):
+        runner.log("chv-cell %s runs as root only" % ns.action)
         return runner.EXIT_CONFIG
     if ns.policy is None:
         ns.policy = policymod.DEFAULT_POLICY_PATH
@@ -214,6 +287,13 @@ def main(args=None, euid=None):
 
     if ns.action == "health":
         return health(ns)
+    if ns.action == "audit":
+        try:
+            return audit(ns)
+        except policymod.PolicyError as exc:
+            for e in exc.errors:
+                runner.log(e)
+            return runner.EXIT_CONFIG
 
     cmd = _command(ns, ap)
     launcher = runner.Launcher(pol, verbose=ns.verbose or ns.run_verbose)

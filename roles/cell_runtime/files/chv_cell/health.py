@@ -164,7 +164,7 @@ def _unit_props(name):
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def _counters():
+def read_counters():
     proc = subprocess.run(["nft", "-j", "list", "counters", "table", "inet", "chv_cell"],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -177,13 +177,13 @@ def run(policy_path, units, request, claim_timeout=30.0):
     """The checks on this guest: units before, a cell with the probe,
     counters around it, units after."""
     before = {u: _unit_props(u) for u in units}
-    counters_before = _counters()
+    counters_before = read_counters()
     lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = [sys.executable, "-I", os.path.join(lib, "chv-cell"), "--policy", policy_path, "run",
             "--timeout", str(claim_timeout), "--", "python3", "-I", os.path.abspath(__file__), "in-cell",
             json.dumps(request)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=claim_timeout + 120)
-    counters_after = _counters()
+    counters_after = read_counters()
     time.sleep(0.5)  # a unit in a restart loop moves NRestarts within this window too
     after = {u: _unit_props(u) for u in units}
     cell = {"rc": proc.returncode, "out": proc.stdout, "err": proc.stderr}

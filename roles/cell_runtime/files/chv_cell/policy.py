@@ -20,7 +20,9 @@ POLICY_VERSION = 1
 DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"
 
 # Capabilities known to the kernel (capability.h, Linux 6.x).
-KNOWN_CAPS = frozenset(
+# In Linux's numbering: CAP_NAMES[n] is capability n (chv-cell audit reads
+# the effective and bounding sets by these bits).
+CAP_NAMES = tuple(
     "CAP_" + n
     for n in (
         "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID "
@@ -32,6 +34,7 @@ KNOWN_CAPS = frozenset(
         "PERFMON BPF CHECKPOINT_RESTORE"
     ).split()
 )
+KNOWN_CAPS = frozenset(CAP_NAMES)
 
 # The floor: a policy may drop more, never less.
 REQUIRED_DROPPED_CAPS = frozenset(

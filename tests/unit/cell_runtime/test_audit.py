@@ -1,0 +1,490 @@
+"""The isolation case catalog's verdicts (chv_cell.audit): every case from
+synthetic facts of one run, the control-before-probe rule, skips, the
+reports, and docs/isolation-cases.md matching the catalog. The probes run
+in real cells in Molecule (molecule/shared/tests/test_catalog.py)."""
+
+import copy
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from chv_cell import audit
+from chv_cell import audit_probe
+from chv_cell import counterproof
+from chv_cell import policy as policymod
+from chv_cell import runner
+
+from testpaths import ROOT
+
+def _mask(names):
+    from chv_cell import policy as policymod
+
+    value = 0
+    for bit, name in enumerate(policymod.CAP_NAMES):
+        if name in names:
+            value |= 1 << bit
+    return "%016x" % value
+
+
+def good_facts(policy, broker_client):
+    """The facts of a run on a guest whose every boundary holds."""
+    from chv_cell import policy as policymod
+
+    a_slot, b_slot = policy["slots"][0], policy["slots"][1]
+    kept = set(policymod.CAP_NAMES) - set(policy["drop_capabilities"])
+    ok_run = {"rc": 0, "err": ""}
+    denied_run = {"rc": 2, "err": "RTNETLINK answers: Operation not permitted"}
+    a = {
+        "uid": 0, "uid_map": ["0", str(a_slot["uid_base"]), "65536"],
+        "CapEff": _mask(kept), "CapBnd": _mask(kept), "NoNewPrivs": "1",
+        "read": {"etc_chv": "EACCES", "os_release": "ok", "credentials": "ENOENT", "ordinary": "ok",
+                 "other_workspace": "ENOENT", "own_workspace": "ok", "other_shots": "ENOENT", "own_shots": "ok",
+                 "hidden:/opt/chv-browser": "ENOENT", "hidden:/usr/lib/chromium": "EACCES", "env": "ok",
+                 "state_dir": "ENOENT", "run_chv": "ok"},
+        "write": {"workspace": "ok", "usr": "EROFS", "etc": "ok", "trusted:/etc/chv-fleet/cell-policy.json": "EROFS"},
+        "kernel": {"io_uring_setup": "EPERM", "syscall_getpid": "ok", "unshare_user": "EPERM", "unshare_none": "ok",
+                   "mkdir": "ok", "mount_tmpfs": "EPERM", "mknod_chr": "EPERM", "mkfifo": "ok",
+                   "raw_socket": "EPERM", "dgram_socket": "ok", "kill0_own_child": "ok", "ptrace_guest": "EPERM",
+                   "kill0_guest": "ESRCH", "marker_seen": [], "own_pid_listed": True, "open_guest_ns": "ENOENT",
+                   "open_own_ns": "ok", "setns_own": "EPERM",
+                   "nsenter_guest": {"rc": 1, "err": "nsenter: cannot open /proc/4242/ns/net"},
+                   "nsenter_init": {"rc": 1, "err": "nsenter: reassociate to namespace 'ns/net' failed"},
+                   "nsenter_version": ok_run, "ip_addr_add": denied_run, "ip_addr_show": ok_run,
+                   "ip_route_add": denied_run, "ip_route_show": ok_run},
+        "tcp": {"allow:10.99.20.1:18770": "connected: hello", "cell_b": "TimeoutError",
+                "guest:10.99.20.2": "TimeoutError", "guest:" + a_slot["gateway"]: "TimeoutError",
+                "guest:" + b_slot["gateway"]: "TimeoutError", "metadata": "TimeoutError",
+                "deny:192.0.2.10:80": "TimeoutError"},
+        "tcp6": {"2001:db8::1": "ENETUNREACH"},
+        "neigh_out": "%s dev eth0 lladdr 02:00:00:00:00:01 REACHABLE" % a_slot["gateway"],
+        "resolv": "nameserver 10.99.20.1\n",
+        "broker": {"ping": {"rc": 0, "out": '{"ok": true, "op": "ping"}', "err": ""},
+                   "unknown": {"rc": 1, "out": '{"ok": false, "error": "unknown op"}', "err": ""},
+                   "ping_after": {"rc": 0, "out": '{"ok": true, "op": "ping"}', "err": ""}},
+    }
+    refused = {"rc": 1, "out": '{"ok": false, "error": "peer is not a cell"}', "err": ""}
+    guest = {
+        "etc_chv_readable": True, "workspace_write_seen": True, "etc_write_seen": False, "trusted_changed": [],
+        "marker_alive": True, "b_seen_running": True, "drops_moved": 6,
+        "reach": {"10.99.20.2": "connected: hello", b_slot["gateway"]: "connected: hello",
+                  "metadata": "connected: hello", "10.99.20.1:18770": "connected: hello",
+                  "192.0.2.10:80": "connected: hello"},
+        "broker_root": refused, "broker_cell_uid": refused,
+        "left_behind": [], "runs": [0] * 5, "runtime": {"control_rc": 0, "limited_rc": runner.EXIT_RUNTIME},
+        "tasks": {"limit": 64, "control": 4, "started": 63},
+        "busy": {"slots": 2, "running": 2, "all_ran": True, "extra_rc": runner.EXIT_BUSY},
+        "sigkill": {"started": True, "after_rc": 0},
+    }
+    return {"nonce": "0badcafe", "policy": policy, "slot_a": a_slot, "slot_b": b_slot, "broker_client": broker_client,
+            "a": a, "b": {"uid_map": ["0", str(b_slot["uid_base"]), "65536"], "self": "connected: hello"},
+            "guest": guest}
+
+
+@pytest.fixture
+def facts(policy, tmp_path):
+    client = tmp_path / "client.py"
+    client.write_text("")
+    return good_facts(policy, str(client))
+
+
+def verdicts(results):
+    return dict((cid, r["verdict"]) for cid, r in results.items())
+
+
+def not_passing(results):
+    return dict((cid, r["verdict"]) for cid, r in results.items() if r["verdict"] != "pass")
+
+
+def test_the_catalog_has_at_least_40_cases_with_unique_ids_by_area():
+    ids = [c.id for c in audit.CASES]
+    assert len(ids) >= 40
+    assert len(set(ids)) == len(ids)
+    for c in audit.CASES:
+        assert re.match(r"^(FS|ID|SYS|NET|IPC|BRW|LIFE|LIM)-\d\d$", c.id), c.id
+        assert c.title and c.probe and c.control, c.id
+
+
+def test_a_guest_whose_boundaries_hold_passes_every_case(facts):
+    results = audit.judge(facts)
+    assert set(results) == set(audit.BY_ID)
+    assert not_passing(results) == {}
+    assert audit.verdict_of(results)[:2] == ("passed", 0)
+
+
+def test_no_report_from_cell_a_makes_every_case_an_error(facts):
+    facts["a"] = None
+    facts["a_error"] = "chv-cell run exited 125: nspawn: No such file or directory"
+    results = audit.judge(facts)
+    assert set(verdicts(results).values()) == {"error"}
+    assert "exited 125" in results["FS-01"]["control"]
+    verdict, code, counts = audit.verdict_of(results)
+    assert (verdict, code, counts["error"]) == ("error", audit.EXIT_ERROR, len(audit.CASES))
+
+
+# one loosened boundary: (where in the facts, the value, the one case that must fail)
+PROBE_FAILURES = [
+    (("a", "read", "etc_chv"), "ok", "FS-01"),
+    (("a", "read", "credentials"), "ok", "FS-02"),
+    (("a", "read", "other_workspace"), "ok", "FS-03"),
+    (("a", "read", "other_shots"), "ok", "FS-04"),
+    (("a", "read", "hidden:/usr/lib/chromium"), "ok", "FS-05"),
+    (("a", "read", "state_dir"), "ok", "FS-06"),
+    (("a", "write", "usr"), "ok", "FS-07"),
+    (("guest", "etc_write_seen"), True, "FS-08"),
+    (("a", "write", "trusted:/etc/chv-fleet/cell-policy.json"), "ok", "FS-09"),
+    (("guest", "trusted_changed"), ["/etc/chv-fleet/cell-policy.json"], "FS-09"),
+    (("a", "uid_map"), ["0", "0", "65536"], "ID-01"),
+    (("a", "NoNewPrivs"), "0", "ID-05"),
+    (("a", "kernel", "io_uring_setup"), "ok", "ID-06"),
+    (("a", "kernel", "io_uring_setup"), "ENOSYS", "ID-06"),
+    (("a", "kernel", "unshare_user"), "ok", "ID-07"),
+    (("a", "kernel", "mount_tmpfs"), "ok", "ID-08"),
+    (("a", "kernel", "mknod_chr"), "ok", "ID-09"),
+    (("a", "kernel", "raw_socket"), "ok", "ID-10"),
+    (("a", "kernel", "ptrace_guest"), "ok", "ID-11"),
+    (("a", "kernel", "setns_own"), "ok", "ID-12"),
+    (("a", "kernel", "nsenter_guest"), {"rc": 0, "err": ""}, "ID-12"),
+    (("a", "kernel", "marker_seen"), [4242], "ID-13"),
+    (("a", "kernel", "kill0_guest"), "ok", "ID-13"),
+    (("a", "kernel", "ip_addr_add"), {"rc": 0, "err": ""}, "ID-14"),
+    (("a", "kernel", "ip_route_add"), {"rc": 0, "err": ""}, "ID-15"),
+    (("a", "tcp", "allow:10.99.20.1:18770"), "TimeoutError", "NET-01"),
+    (("a", "tcp", "cell_b"), "connected: hello", "NET-02"),
+    (("a", "tcp", "guest:10.99.20.2"), "connected: hello", "NET-03"),
+    (("a", "tcp", "metadata"), "connected: hello", "NET-04"),
+    (("a", "tcp", "deny:192.0.2.10:80"), "connected: hello", "NET-05"),
+    (("a", "tcp6", "2001:db8::1"), "connected: hello", "NET-06"),
+    (("a", "resolv"), "nameserver 127.0.0.53\n", "NET-07"),
+    (("guest", "broker_root"), {"rc": 0, "out": '{"ok": true}', "err": ""}, "IPC-02"),
+    (("guest", "broker_cell_uid"), {"rc": 0, "out": '{"ok": true}', "err": ""}, "IPC-03"),
+    (("a", "broker", "unknown"), {"rc": 0, "out": '{"ok": true}', "err": ""}, "IPC-04"),
+    (("guest", "left_behind"), ["interface ve-slot0"], "LIFE-01"),
+    (("guest", "runs"), [0, 0, 125, 0], "LIFE-02"),
+    (("guest", "busy"), {"slots": 2, "running": 2, "all_ran": True, "extra_rc": 0}, "LIFE-03"),
+    (("guest", "sigkill"), {"started": True, "after_rc": 75}, "LIFE-04"),
+    (("guest", "runtime"), {"control_rc": 0, "limited_rc": 0}, "LIM-01"),
+    (("guest", "tasks"), {"limit": 64, "control": 4, "started": 80}, "LIM-02"),
+]
+
+
+def _set(facts, path, value):
+    node = facts
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = copy.deepcopy(value)
+
+
+@pytest.mark.parametrize("path,value,case", PROBE_FAILURES, ids=lambda x: x if isinstance(x, str) else None)
+def test_a_probe_that_got_through_fails_exactly_its_case(facts, path, value, case):
+    _set(facts, path, value)
+    results = audit.judge(facts)
+    assert not_passing(results) == {case: "fail"}
+    assert audit.verdict_of(results)[:2] == ("failed", audit.EXIT_FAILED)
+
+
+def test_every_probed_case_has_a_failure_above():
+    probed = set(case for _, _, case in PROBE_FAILURES)
+    # ID-02 and ID-03/04 are covered below; IPC-01's failure is its own probe
+    assert set(audit.BY_ID) - probed == {"ID-02", "ID-03", "ID-04", "IPC-01"}
+
+
+def test_a_dropped_capability_in_a_set_fails_that_set(facts):
+    facts["a"]["CapEff"] = _mask(set(audit.policymod.CAP_NAMES))
+    assert not_passing(audit.judge(facts)) == {"ID-03": "fail"}
+    facts["a"]["CapBnd"] = facts["a"]["CapEff"]
+    assert not_passing(audit.judge(facts)) == {"ID-03": "fail", "ID-04": "fail"}
+    assert "CAP_SYS_ADMIN" in audit.judge(facts)["ID-04"]["probe"]
+
+
+def test_overlapping_uid_ranges_fail_id_02(facts):
+    facts["b"]["uid_map"] = ["0", str(facts["slot_a"]["uid_base"] + 1000), "65536"]
+    assert not_passing(audit.judge(facts)) == {"ID-02": "fail"}
+
+
+def test_an_unanswered_cell_ping_fails_ipc_01_and_errs_the_cases_it_controls(facts):
+    facts["a"]["broker"]["ping"] = {"rc": 1, "out": "", "err": "ECONNREFUSED"}
+    assert not_passing(audit.judge(facts)) == {"IPC-01": "fail", "IPC-02": "error", "IPC-03": "error"}
+
+
+# a broken control: (where, value, the cases it controls, which turn to errors)
+CONTROL_FAILURES = [
+    (("a", "read", "os_release"), "ENOENT", {"FS-01"}),
+    (("a", "read", "ordinary"), "EACCES", {"FS-02"}),
+    (("a", "write", "workspace"), "EROFS", {"FS-07", "FS-08", "FS-09"}),
+    (("guest", "workspace_write_seen"), False, {"FS-07", "FS-08", "FS-09"}),
+    (("a", "uid"), 65534, {"ID-01"}),
+    (("a", "CapEff"), "", {"ID-03"}),
+    (("a", "kernel", "syscall_getpid"), "bad", {"ID-06"}),
+    (("a", "kernel", "unshare_none"), "EPERM", {"ID-07"}),
+    (("a", "kernel", "mkfifo"), "EROFS", {"ID-09"}),
+    (("a", "kernel", "dgram_socket"), "EAFNOSUPPORT", {"ID-10"}),
+    (("a", "kernel", "kill0_own_child"), "EPERM", {"ID-11"}),
+    (("a", "kernel", "nsenter_version"), {"rc": None, "err": "FileNotFoundError"}, {"ID-12"}),
+    (("guest", "marker_alive"), False, {"ID-13"}),
+    (("a", "kernel", "ip_route_show"), {"rc": None, "err": "FileNotFoundError"}, {"ID-15"}),
+    (("guest", "reach", "10.99.20.1:18770"), "ECONNREFUSED", {"NET-01"}),
+    (("b", "self"), "TimeoutError", {"NET-02"}),
+    (("a", "neigh_out"), "", {"NET-03", "NET-06"}),
+    (("guest", "reach", "metadata"), "TimeoutError", {"NET-04"}),
+    (("a", "resolv"), "ENOENT", {"NET-07"}),
+    (("a", "broker", "ping_after"), {"rc": 1, "out": "", "err": "EPIPE"}, {"IPC-04"}),
+    (("guest", "b_seen_running"), False, {"LIFE-01"}),
+    (("guest", "sigkill"), {"started": False, "after_rc": 0}, {"LIFE-04"}),
+    (("guest", "runtime"), {"control_rc": 125, "limited_rc": 124}, {"LIM-01"}),
+    (("guest", "tasks"), {"limit": 64, "control": 0, "started": 0}, {"LIM-02"}),
+]
+
+
+@pytest.mark.parametrize("path,value,cases", CONTROL_FAILURES, ids=lambda x: x if isinstance(x, str) else None)
+def test_a_failed_control_is_an_error_even_when_the_probe_was_stopped(facts, path, value, cases):
+    _set(facts, path, value)
+    results = audit.judge(facts)
+    assert not_passing(results) == dict((c, "error") for c in cases)
+    for c in cases:
+        assert results[c]["control"].startswith("CONTROL FAILED")
+    assert audit.verdict_of(results)[:2] == ("error", audit.EXIT_ERROR)
+
+
+def test_a_failed_control_beside_a_probe_that_got_through_is_still_an_error(facts):
+    facts["a"]["kernel"]["raw_socket"] = "ok"
+    facts["a"]["kernel"]["dgram_socket"] = "EPERM"
+    assert not_passing(audit.judge(facts)) == {"ID-10": "error"}
+
+
+def test_a_refused_connect_is_not_a_drop(facts):
+    """The ruleset drops: a refusal means the packet got through to a
+    closed port, so only a timeout counts as the boundary."""
+    facts["a"]["tcp"]["guest:10.99.20.2"] = "ECONNREFUSED"
+    assert not_passing(audit.judge(facts)) == {"NET-03": "fail"}
+
+
+@pytest.mark.parametrize("drop,case,needle", [
+    (("guest", "tasks"), "LIM-02", "pids"),
+    (("guest", "busy"), "LIFE-03", "idle"),
+])
+def test_what_the_guest_lacks_is_a_skip_with_its_requirement(facts, drop, case, needle):
+    del facts[drop[0]][drop[1]]
+    facts["guest"]["tasks_skip"] = "the pids cgroup controller delegated to the cells"
+    facts["guest"]["busy_skip"] = "every slot idle (busy: slot1)"
+    results = audit.judge(facts)
+    assert not_passing(results) == {case: "skip"}
+    assert needle in results[case]["probe"]
+    assert audit.verdict_of(results)[:2] == ("passed", 0)
+    assert audit.verdict_of(results, strict_skips=True)[:2] == ("failed", audit.EXIT_FAILED)
+
+
+def test_one_slot_and_no_destinations_skip_what_needs_them(facts):
+    facts["slot_b"] = facts["b"] = None
+    for key in ("other_workspace", "other_shots"):
+        del facts["a"]["read"][key]
+    for key in [k for k in facts["a"]["tcp"] if k.startswith(("allow:", "deny:", "metadata", "cell_b"))]:
+        del facts["a"]["tcp"][key]
+    del facts["a"]["broker"]
+    results = audit.judge(facts)
+    assert sorted(not_passing(results)) == ["FS-03", "FS-04", "ID-02", "IPC-01", "IPC-02", "IPC-03", "IPC-04",
+                                            "NET-01", "NET-02", "NET-04", "NET-05"]
+    assert set(not_passing(results).values()) == {"skip"}
+    assert "--allow" in results["NET-01"]["probe"]
+
+
+def test_the_report_lists_every_case_in_catalog_order_with_its_evidence(facts):
+    facts["a"]["kernel"]["raw_socket"] = "ok"
+    rep = audit.report(audit.judge(facts), {"guest": "g1", "policy_sha256": "ab" * 32, "commit": "abc1234"})
+    assert [c["id"] for c in rep["cases"]] == [c.id for c in audit.CASES]
+    assert rep["verdict"] == "failed" and rep["exit"] == audit.EXIT_FAILED
+    assert rep["counts"] == {"pass": len(audit.CASES) - 1, "fail": 1, "error": 0, "skip": 0}
+    by_id = dict((c["id"], c) for c in rep["cases"])
+    assert by_id["ID-10"]["probe"] == "raw_socket: ok" and by_id["ID-10"]["control"] == "dgram_socket: ok"
+    md = audit.to_markdown(rep)
+    assert "| ID-10 | No raw sockets | FAIL | raw_socket: ok | dgram_socket: ok |" in md
+    assert "- commit: abc1234" in md
+    assert json.loads(json.dumps(rep)) == rep
+
+
+def test_markdown_cells_stay_one_row(facts):
+    facts["a"]["kernel"]["ip_addr_add"] = {"rc": 0, "err": "line one\nline | two"}
+    rep = audit.report(audit.judge(facts), {"guest": "g1"})
+    row = [line for line in audit.to_markdown(rep).splitlines() if line.startswith("| ID-14 |")]
+    assert row == ["| ID-14 | No address change in the cell | FAIL | ip_addr_add: rc 0 line one / line / two "
+                   "| ip_addr_show: rc 0 |"]
+
+
+def test_junit_counts_and_elements(facts, tmp_path):
+    facts["a"]["kernel"]["raw_socket"] = "ok"
+    facts["a"]["kernel"]["kill0_own_child"] = "EPERM"
+    del facts["guest"]["tasks"]
+    facts["guest"]["tasks_skip"] = "pids"
+    rep = audit.report(audit.judge(facts), {"guest": "g1", "kernel": "6.1"})
+    audit.write_reports(rep, str(tmp_path / "r"))
+    assert sorted(os.listdir(str(tmp_path / "r"))) == ["audit.json", "audit.md", "audit.xml"]
+    suite = ET.parse(str(tmp_path / "r" / "audit.xml")).getroot()
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == \
+        (str(len(audit.CASES)), "1", "1", "1")
+    cases = suite.findall("testcase")
+    assert len(cases) == len(audit.CASES)
+    tags = dict((c.get("name").split()[0], [e.tag for e in c]) for c in cases)
+    assert tags["ID-10"] == ["failure"] and tags["ID-11"] == ["error"] and tags["LIM-02"] == ["skipped"]
+    assert tags["FS-01"] == ["system-out"]
+    assert dict((p.get("name"), p.get("value")) for p in suite.find("properties")) == {"guest": "g1",
+                                                                                      "kernel": "6.1"}
+    assert json.load(open(str(tmp_path / "r" / "audit.json")))["counts"]["fail"] == 1
+
+
+def test_the_docs_carry_the_catalog_as_the_code_has_it():
+    with open(os.path.join(ROOT, "docs", "isolation-cases.md")) as fh:
+        doc = fh.read()
+    assert counterproof.catalog_markdown() in doc
+    for cid, reason in counterproof.NOT_COUNTER_PROVABLE.items():
+        assert "none here: %s" % reason in doc, cid
+
+
+# ------------------------------------------------------------- counter-proofs
+
+def test_every_case_is_counter_proven_or_says_why_not():
+    loosened = [cid for lo in counterproof.LOOSENINGS for cid in lo.cases]
+    assert len(loosened) == len(set(loosened))
+    assert set(loosened) | set(counterproof.NOT_COUNTER_PROVABLE) == set(audit.BY_ID)
+    assert not set(loosened) & set(counterproof.NOT_COUNTER_PROVABLE)
+    assert all(counterproof.NOT_COUNTER_PROVABLE.values())
+
+
+def _ctx(policy, tmp_path, **opts):
+    return {"pol": policy, "slot_a": policy["slots"][0], "slot_b": policy["slots"][1],
+            "opts": dict({"metadata_stand_in": True, "deny": ["192.168.254.254:18771"]}, **opts)}
+
+
+@pytest.mark.parametrize("name", [lo.name for lo in counterproof.LOOSENINGS if lo.edit])
+def test_each_loosened_policy_passes_the_launchers_policy_check_and_loosens_one_thing(raw_policy, policy, tmp_path,
+                                                                                     name):
+    lo = next(lo for lo in counterproof.LOOSENINGS if lo.name == name)
+    raw_policy["drop_capabilities"] = policy["drop_capabilities"] + ["CAP_SYS_NICE"]
+    before = copy.deepcopy(raw_policy)
+    ctx = _ctx(policymod.merged(raw_policy), tmp_path)
+    loose = counterproof.loosened_policy(raw_policy, lo, ctx)
+    assert raw_policy == before
+    assert policymod.validate(loose) == []
+    changed = sorted(k for k in set(loose) | set(raw_policy) if loose.get(k) != raw_policy.get(k))
+    assert 1 <= len(changed) <= 2, changed
+
+
+def test_the_ruleset_loosenings_match_cell_a_and_the_audits_destinations_only(policy, tmp_path):
+    ctx = _ctx(policy, tmp_path)
+    a, b = policy["slots"][0], policy["slots"][1]
+    rules = dict((lo.name, lo.rules(ctx)) for lo in counterproof.LOOSENINGS if lo.rules)
+    assert rules == {
+        "NET-02": [("forward", 'iifname "%s" ip daddr %s accept' % (a["host_ifname"], b["address"])),
+                   ("forward", 'iifname "%s" ip daddr %s accept' % (b["host_ifname"], a["address"]))],
+        "NET-03": [("input", 'iifname "%s" ip daddr != 169.254.169.254 accept' % a["host_ifname"])],
+        "NET-04": [("input", 'iifname "%s" ip daddr 169.254.169.254 accept' % a["host_ifname"])],
+        "NET-05": [("forward", 'iifname "%s" ip daddr 192.168.254.254 accept' % a["host_ifname"])],
+    }
+
+
+def test_a_loosening_this_guest_cannot_show_says_why(policy, tmp_path):
+    ctx = _ctx(policy, tmp_path, metadata_stand_in=False, deny=[])
+    by_name = dict((lo.name, lo) for lo in counterproof.LOOSENINGS)
+    assert "--metadata-stand-in" in by_name["NET-04"].needs(ctx)
+    assert "--deny" in by_name["NET-05"].needs(ctx)
+    assert by_name["NET-03"].needs is None
+    ctx["slot_b"] = None
+    assert "one slot" in by_name["NET-02"].needs(ctx)
+
+
+def test_readable_by_others_follows_every_directory():
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # pytest's tmp_path lies under a 0700 directory
+        _readable_checks(pathlib.Path(top))
+
+
+def _readable_checks(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    f = d / "f"
+    f.write_text("x")
+    os.chmod(str(tmp_path), 0o755)
+    os.chmod(str(f), 0o644)
+    os.chmod(str(d), 0o755)
+    assert counterproof.readable_by_others(str(f)) and counterproof.readable_by_others(str(d))
+    os.chmod(str(d), 0o750)
+    assert not counterproof.readable_by_others(str(f)) and not counterproof.readable_by_others(str(d))
+    os.chmod(str(d), 0o711)
+    assert counterproof.readable_by_others(str(f)) and not counterproof.readable_by_others(str(d))
+    os.chmod(str(f), 0o600)
+    assert not counterproof.readable_by_others(str(f))
+    assert not counterproof.readable_by_others(str(tmp_path / "missing"))
+
+
+def _rep(verdicts):
+    return {"cases": [{"id": c.id, "verdict": verdicts.get(c.id, "pass"), "probe": "p %s" % c.id} for c in audit.CASES]}
+
+
+@pytest.mark.parametrize("verdicts,expected", [
+    ({"ID-03": "fail", "ID-04": "fail"}, "proven"),
+    ({"ID-03": "fail"}, "not proven"),
+    ({}, "not proven"),
+    ({"ID-03": "fail", "ID-04": "fail", "ID-07": "fail"}, "not proven"),
+    ({"ID-03": "fail", "ID-04": "fail", "FS-01": "error"}, "error"),
+    ({"ID-03": "fail", "ID-04": "fail", "LIM-02": "skip"}, "proven"),
+])
+def test_a_loosening_is_proven_only_when_exactly_its_cases_fail(verdicts, expected):
+    lo = next(lo for lo in counterproof.LOOSENINGS if lo.name == "ID-03/04")
+    out = counterproof.outcome(lo, _rep(verdicts))
+    assert out["verdict"] == expected
+    assert set(out["evidence"]) == {"ID-03", "ID-04"}
+
+
+def _run(verdict):
+    counts = {"pass": 1, "fail": int(verdict == "failed"), "error": int(verdict == "error"), "skip": 0}
+    return {"verdict": verdict, "counts": counts, "header": {"guest": "g1"}, "cases": []}
+
+
+@pytest.mark.parametrize("before,after,loosenings,expected", [
+    ("passed", "passed", ["proven", "proven"], ("proven", 0)),
+    ("passed", "passed", ["proven", "not proven"], ("not proven", counterproof.EXIT_NOT_PROVEN)),
+    ("passed", "passed", ["proven", "error"], ("error", counterproof.EXIT_ERROR)),
+    ("error", "passed", ["proven"], ("error", counterproof.EXIT_ERROR)),
+    ("passed", "error", ["proven"], ("error", counterproof.EXIT_ERROR)),
+    ("failed", "passed", ["proven"], ("failed", counterproof.EXIT_NOT_PROVEN)),
+    ("passed", "failed", ["proven"], ("failed", counterproof.EXIT_NOT_PROVEN)),
+])
+def test_the_counter_proof_passes_only_when_the_runs_beside_it_pass(before, after, loosenings, expected):
+    results = [{"name": "x%d" % i, "how": "h", "expected": ["FS-02"], "failed": ["FS-02"], "errors": [],
+                "verdict": v, "evidence": {"FS-02": "read: ok"}} for i, v in enumerate(loosenings)]
+    rep = counterproof.summary(_run(before), _run(after), results, [])
+    assert (rep["verdict"], rep["exit"]) == expected
+    md = counterproof.to_markdown(rep)
+    assert md.count("| x") == len(loosenings)
+
+
+def test_the_probe_reports_errno_names_not_exit_codes(tmp_path):
+    assert audit_probe._try(lambda: open(str(tmp_path / "missing"))) == "ENOENT"
+    assert audit_probe._try(lambda: None) == "ok"
+    (tmp_path / "f").write_text("x")
+    assert audit_probe._try(lambda: audit_probe._write(audit_probe.APPEND + str(tmp_path / "f"))) == "ok"
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_connect_tells_a_drop_from_a_refusal_and_an_answer():
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.sendall(b"hello\n")
+        conn.close()
+    t = threading.Thread(target=serve)
+    t.start()
+    assert audit_probe.connect("127.0.0.1", port) == "connected: hello"
+    t.join()
+    srv.close()
+    assert audit_probe.connect("127.0.0.1", port) == "ECONNREFUSED"

@@ -1,55 +1,55 @@
 """Print what `make demo` deployed: roles applied, per-host settings, changed
-counts from the converge log, and, where cells exist, a short isolation
-summary measured by running a probe inside a real cell on each guest.
+counts from the converge log, and, where cells exist, the isolation case
+catalog (`chv-cell audit`, docs/isolation-cases.md) run in real cells on
+each guest, with the executor's path (SSH as the agent user).
 
 usage: demo_summary.py INVENTORY CONVERGE_LOG
 """
 
+import base64
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 
 BIN = os.path.dirname(sys.executable)
 # Settings worth showing per host (whatever of them the inventory sets).
 SETTINGS = re.compile(r"^(chv_|cell_nat_)")
-CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
-PROBE = r"""
-import ctypes, json, subprocess
-libc = ctypes.CDLL(None, use_errno=True)
-st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)
-r = libc.syscall(425, 8, ctypes.create_string_buffer(120))
-try:
-    open('/etc/chv/.probe').read(); secret = 'READABLE'
-except FileNotFoundError:
-    secret = 'absent'
-except PermissionError:
-    secret = 'denied'
-ping = subprocess.run(['python3', 'CLIENT_PATH', '{"op": "ping"}'], capture_output=True, text=True)
-if ping.returncode == 0:
-    broker = 'pong/%s' % json.loads(ping.stdout)['result']['slot']
-else:
-    broker = 'refused' if ping.returncode == 1 else 'unreachable'
-try:
-    import playwright; pw = 'IMPORTABLE'
-except ImportError:
-    pw = 'absent'
-print('uid_map=%s caps=%s nnp=%s io_uring=%s etc_chv=%s broker=%s playwright=%s' % (
-    '/'.join(open('/proc/self/uid_map').read().split()), st['CapEff'].strip(),
-    st['NoNewPrivs'].strip(), 'EPERM' if r < 0 and ctypes.get_errno() == 1 else r, secret, broker, pw))
-""".replace("CLIENT_PATH", CLIENT)
+REPORTS = "/var/lib/chv-fleet/audit"
+# the catalog's allowed destination (NET-01): a listener on this lab host, the guests' gateway
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "helpers"))
+from listeners import HelloServer  # noqa: E402
 
 
-def ansible(inventory, *args):
-    proc = subprocess.run([os.path.join(BIN, "ansible"), "-i", inventory, "all"] + list(args),
+def ansible(inventory, *args, **kw):
+    proc = subprocess.run([os.path.join(BIN, "ansible"), "-i", inventory, kw.get("limit", "all")] + list(args),
                           capture_output=True, text=True, check=False,
                           env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                                    ANSIBLE_STDOUT_CALLBACK="ansible.builtin.oneline"))
     # the launcher's warnings (stderr; in the lab: limits not enforced) are reported once, not per line
     return {h: out.split(" (stderr) ")[0] for h, out in
             re.findall(r"^(\S+) \| \S+ \| rc=\d+ \| \(stdout\) (.*)$", proc.stdout, re.M)}
+
+
+def slurp_json(inventory, host, path):
+    proc = subprocess.run([os.path.join(BIN, "ansible"), "-i", inventory, host, "-m", "ansible.builtin.slurp", "-a",
+                           "src=%s" % path], capture_output=True, text=True, check=False,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+                                   ANSIBLE_STDOUT_CALLBACK="ansible.builtin.oneline"))
+    m = re.search(r"^\S+ \| SUCCESS => (\{.*\})$", proc.stdout, re.M)
+    return json.loads(base64.b64decode(json.loads(m.group(1))["content"])) if m else None
+
+
+def catalog(inventory, host, address):
+    """The catalog on one guest (10 consecutive runs for LIFE-02 here; 100 by default)."""
+    src = json.loads(subprocess.run(["ip", "-j", "route", "get", address], capture_output=True, text=True,
+                                    check=True).stdout)[0]["prefsrc"]
+    with HelloServer(src) as allow:
+        ansible(inventory, "-m", "ansible.builtin.command", "-a",
+                "chv-cell audit --runs 10 --metadata-stand-in --allow %s:%d --trusted /etc/chv-fleet/nft/cell-nat.nft "
+                "--report-dir %s" % (src, allow.port, REPORTS), limit=host)
+    return slurp_json(inventory, host, REPORTS + "/audit.json")
 
 
 def main():
@@ -78,22 +78,22 @@ def main():
     if not cell_hosts:
         print("isolation: no chv-cell on the guests yet; nothing to probe")
         return 0
-    print("\n=== isolation summary (one real cell per guest, probe inside it)")
-    probes = ansible(inventory, "-m", "ansible.builtin.command", "-a",
-                     "chv-cell run -- /usr/bin/python3 -c %s" % shlex.quote(PROBE))
-    outside = ansible(inventory, "-m", "ansible.builtin.command", "-a",
-                      "python3 %s '{\"op\": \"ping\"}'" % CLIENT)
+    print("\n=== isolation: the case catalog in real cells on each guest (docs/isolation-cases.md)")
     # the executor's path: SSH as the agent user (not root), chv-cell through its sudo rule
     agent = ansible(inventory, "-e", "ansible_user=chv", "-m", "ansible.builtin.command", "-a",
                     "chv-cell run -- sh -c 'echo user=$USER home=$HOME slot=$CHV_SLOT'")
     for host in sorted(cell_hosts):
-        print("%s: %s" % (host, probes.get(host, "probe failed")))
-        print("%s: the same broker ping from a guest process outside any cell: %s"
-              % (host, outside.get(host, "no chv-broker client")))
+        rep = catalog(inventory, host, hostvars.get(host, {}).get("ansible_host", host))
+        if rep is None:
+            print("%s: the catalog did not run (no report in %s)" % (host, REPORTS))
+            continue
+        print("%s: %s, %s" % (host, rep["verdict"].upper(),
+                              "%(pass)d passed, %(fail)d failed, %(error)d errors, %(skip)d skipped" % rep["counts"]))
+        for c in rep["cases"]:
+            mark = {"pass": "ok  ", "fail": "FAIL", "error": "ERR ", "skip": "skip"}[c["verdict"]]
+            print("  %s %-7s %s: %s" % (mark, c["id"], c["title"], c["probe"][:110]))
+        print("  reports on the guest: %s/audit.md, audit.json, audit.xml (JUnit)" % REPORTS)
         print("%s: as the agent user chv over SSH, `chv-cell run`: %s" % (host, agent.get(host, "failed")))
-    print("(uid_map: cell root -> high guest UID; caps: effective set; nnp: no_new_privs;"
-          " io_uring: syscall 425 result; etc_chv: /etc/chv inside the cell;"
-          " broker: ping through /run/chv/broker.sock; playwright: import inside the cell)")
     print("(lab guests get no cgroup controllers: cells run with chv_cell_require_limits false and chv-cell"
           " warns that MemoryMax/TasksMax/CPUQuota are not enforced; docs/lab.md)")
     return 0

@@ -109,5 +109,6 @@ def main():
                                                                  allow_unknown=module.check_mode)),
         apply=directories.apply, diff=directories.diff, key="changed_paths", name_of=lambda change: change.path)
 
+
 if __name__ == "__main__":
     main()

@@ -146,5 +146,6 @@ def main():
         apply=lambda changes: files.apply(changes, run=module.run_command),
         diff=files.diff, key="changed_files", name_of=lambda change: change.dest)
 
+
 if __name__ == "__main__":
     main()

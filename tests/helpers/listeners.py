@@ -1,8 +1,11 @@
-"""A one-shot TCP listener that says "hello": the far end of the cells'
-reachability checks (tests/integration/cells and molecule/shared/tests)."""
+"""TCP listeners that say "hello": the far end of the cells' reachability
+checks (tests/integration/cells and molecule/shared/tests)."""
 
 import socket
 import threading
+
+import cellrt  # noqa: F401 (puts the launcher's package on the path)
+from chv_cell import audit
 
 IP_FREEBIND = 15
 
@@ -29,3 +32,8 @@ def hello_listener(address, timeout=20, freebind=False):
 
     threading.Thread(target=serve, daemon=True).start()
     return srv
+
+
+# A listener that answers every connection until closed (a context manager):
+# the launcher's own, which chv-cell audit runs on the guest.
+HelloServer = audit.Listener

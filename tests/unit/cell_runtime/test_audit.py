@@ -19,9 +19,8 @@ from chv_cell import runner
 
 from testpaths import ROOT
 
-def _mask(names):
-    from chv_cell import policy as policymod
 
+def _mask(names):
     value = 0
     for bit, name in enumerate(policymod.CAP_NAMES):
         if name in names:
@@ -31,8 +30,6 @@ def _mask(names):
 
 def good_facts(policy, broker_client):
     """The facts of a run on a guest whose every boundary holds."""
-    from chv_cell import policy as policymod
-
     a_slot, b_slot = policy["slots"][0], policy["slots"][1]
     kept = set(policymod.CAP_NAMES) - set(policy["drop_capabilities"])
     ok_run = {"rc": 0, "err": ""}
@@ -68,7 +65,9 @@ def good_facts(policy, broker_client):
     refused = {"rc": 1, "out": '{"ok": false, "error": "peer is not a cell"}', "err": ""}
     guest = {
         "etc_chv_readable": True, "workspace_write_seen": True, "etc_write_seen": False, "trusted_changed": [],
-        "marker_alive": True, "b_seen_running": True, "drops_moved": 6,
+        "marker_alive": True, "b_seen_running": True,
+        "counters_moved": {"drop_cell_to_cell": 2, "drop_cell_to_guest": 6, "drop_denied": 2,
+                           "drop_ipv6": 1},
         "reach": {"10.99.20.2": "connected: hello", b_slot["gateway"]: "connected: hello",
                   "metadata": "connected: hello", "10.99.20.1:18770": "connected: hello",
                   "192.0.2.10:80": "connected: hello"},
@@ -186,13 +185,13 @@ def test_a_probe_that_got_through_fails_exactly_its_case(facts, path, value, cas
 
 
 def test_every_probed_case_has_a_failure_above():
-    probed = set(case for _, _, case in PROBE_FAILURES)
+    probed = set(entry[2] for entry in PROBE_FAILURES)
     # ID-02 and ID-03/04 are covered below; IPC-01's failure is its own probe
     assert set(audit.BY_ID) - probed == {"ID-02", "ID-03", "ID-04", "IPC-01"}
 
 
 def test_a_dropped_capability_in_a_set_fails_that_set(facts):
-    facts["a"]["CapEff"] = _mask(set(audit.policymod.CAP_NAMES))
+    facts["a"]["CapEff"] = _mask(set(policymod.CAP_NAMES))
     assert not_passing(audit.judge(facts)) == {"ID-03": "fail"}
     facts["a"]["CapBnd"] = facts["a"]["CapEff"]
     assert not_passing(audit.judge(facts)) == {"ID-03": "fail", "ID-04": "fail"}
@@ -252,6 +251,16 @@ def test_a_failed_control_beside_a_probe_that_got_through_is_still_an_error(fact
     facts["a"]["kernel"]["raw_socket"] = "ok"
     facts["a"]["kernel"]["dgram_socket"] = "EPERM"
     assert not_passing(audit.judge(facts)) == {"ID-10": "error"}
+
+
+@pytest.mark.parametrize("case,counter", sorted(audit.DROP_COUNTERS.items()))
+def test_a_timeout_without_its_drop_counter_moving_is_no_drop(facts, case, counter):
+    """A connect can time out for other reasons (a cell without a route):
+    the drop must be the ruleset's, by its own counter."""
+    del facts["guest"]["counters_moved"][counter]
+    results = audit.judge(facts)
+    assert not_passing(results) == dict((c, "fail") for c, name in audit.DROP_COUNTERS.items() if name == counter)
+    assert "%s +0" % counter in results[case]["probe"]
 
 
 def test_a_refused_connect_is_not_a_drop(facts):
@@ -328,8 +337,8 @@ def test_junit_counts_and_elements(facts, tmp_path):
     tags = dict((c.get("name").split()[0], [e.tag for e in c]) for c in cases)
     assert tags["ID-10"] == ["failure"] and tags["ID-11"] == ["error"] and tags["LIM-02"] == ["skipped"]
     assert tags["FS-01"] == ["system-out"]
-    assert dict((p.get("name"), p.get("value")) for p in suite.find("properties")) == {"guest": "g1",
-                                                                                      "kernel": "6.1"}
+    props = dict((p.get("name"), p.get("value")) for p in suite.find("properties"))
+    assert props == {"guest": "g1", "kernel": "6.1"}
     assert json.load(open(str(tmp_path / "r" / "audit.json")))["counts"]["fail"] == 1
 
 
@@ -357,8 +366,8 @@ def _ctx(policy, tmp_path, **opts):
 
 
 @pytest.mark.parametrize("name", [lo.name for lo in counterproof.LOOSENINGS if lo.edit])
-def test_each_loosened_policy_passes_the_launchers_policy_check_and_loosens_one_thing(raw_policy, policy, tmp_path,
-                                                                                     name):
+def test_each_loosened_policy_passes_the_launchers_policy_check_and_loosens_one_thing(
+        raw_policy, policy, tmp_path, name):
     lo = next(lo for lo in counterproof.LOOSENINGS if lo.name == name)
     raw_policy["drop_capabilities"] = policy["drop_capabilities"] + ["CAP_SYS_NICE"]
     before = copy.deepcopy(raw_policy)
@@ -479,7 +488,7 @@ def test_connect_tells_a_drop_from_a_refusal_and_an_answer():
     port = srv.getsockname()[1]
 
     def serve():
-        conn, _ = srv.accept()
+        conn, dummy = srv.accept()
         conn.sendall(b"hello\n")
         conn.close()
     t = threading.Thread(target=serve)

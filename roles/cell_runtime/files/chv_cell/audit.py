@@ -40,6 +40,10 @@ from . import runner
 EXIT_FAILED = 1
 EXIT_ERROR = 2
 DROPPED = ("TimeoutError", "ETIMEDOUT")  # a connect the ruleset drops gets no answer
+# the ruleset's counter that each NET case's drops must move (roles/cell_nat); the
+# metadata stand-in is an address of the guest, so its drop is the input path's
+DROP_COUNTERS = {"NET-02": "drop_cell_to_cell", "NET-03": "drop_cell_to_guest", "NET-04": "drop_cell_to_guest",
+                 "NET-05": "drop_denied"}
 METADATA = "169.254.169.254"
 SHOTS_DIR = "/run/chv-shots"  # chv-browser's screenshots, a directory per slot (FS-04)
 
@@ -119,18 +123,19 @@ CASES = [
          "connect to each --allow destination from the cell",
          "the guest connects to it"),
     Case("NET-02", "Another cell is unreachable",
-         "connect from cell A to cell B's listener (dropped, no answer)",
+         "connect from cell A to cell B's listener: no answer, and drop_cell_to_cell moves",
          "cell B reaches its own listener"),
     Case("NET-03", "Guest services are unreachable on every guest address",
-         "connect from the cell to a guest listener on each guest IPv4 address and each slot gateway (dropped, no "
-         "answer)",
+         "connect from the cell to a guest listener on each guest IPv4 address and each slot gateway: no answer, "
+         "and drop_cell_to_guest moves",
          "the guest reaches the listener on each (cell A's own gateway, which exists only while A runs: it answers "
          "A's ARP)"),
     Case("NET-04", "The metadata stand-in is unreachable",
-         "connect to 169.254.169.254 (added to the guest's loopback for the run)",
+         "connect to 169.254.169.254 (added to the guest's loopback for the run): no answer, and "
+         "drop_cell_to_guest moves",
          "the guest connects to it"),
     Case("NET-05", "Denied destinations are dropped",
-         "connect to each --deny destination from the cell",
+         "connect to each --deny destination from the cell: no answer, and drop_denied moves",
          "the guest connects to it"),
     Case("NET-06", "IPv6 is unreachable",
          "connect over IPv6 to the guest's global addresses and to 2001:db8::1 (no route leaves the cell)",
@@ -307,8 +312,8 @@ def _judge_cell(facts, a, g):
                         % (k["own_pid_listed"], g.get("marker_alive")))
     for cid, probe_key, control_key in (("ID-14", "ip_addr_add", "ip_addr_show"),
                                         ("ID-15", "ip_route_add", "ip_route_show")):
-        out[cid] = pair(k[probe_key]["rc"] not in (0, None), "%s: rc %s %s" % (probe_key, k[probe_key]["rc"],
-                                                                           k[probe_key]["err"][:80]),
+        tried = k[probe_key]
+        out[cid] = pair(tried["rc"] not in (0, None), "%s: rc %s %s" % (probe_key, tried["rc"], tried["err"][:80]),
                         k[control_key]["rc"] == 0, "%s: rc %s" % (control_key, k[control_key]["rc"]))
     out.update(_judge_net(facts, a, g))
     out.update(_judge_ipc(facts, a, g))
@@ -318,8 +323,13 @@ def _judge_cell(facts, a, g):
 def _judge_net(facts, a, g):
     out, tcp = {}, a["tcp"]
     neigh_ok = "lladdr" in a.get("neigh_out", "")
-    drops = g.get("drops_moved")
-    drops_ev = "; ruleset drop counters +%s" % drops if drops is not None else ""
+    moved = g.get("counters_moved") or {}
+
+    def dropped_here(cid, results):
+        """Every connect timed out and the case's own drop counter moved."""
+        name = DROP_COUNTERS[cid]
+        ok = bool(results) and all(_dropped(r) for r in results) and moved.get(name, 0) > 0
+        return ok, "; %s +%d" % (name, moved.get(name, 0))
     allow = [key for key in tcp if key.startswith("allow:")]
     if allow:
         out["NET-01"] = pair(all(tcp[key].startswith("connected") for key in allow),
@@ -333,7 +343,8 @@ def _judge_net(facts, a, g):
         out["NET-02"] = skip("a second slot")
     else:
         result = tcp.get("cell_b", "not probed")
-        out["NET-02"] = pair(_dropped(result), "to cell B: %s%s" % (result, drops_ev),
+        ok, ev = dropped_here("NET-02", [result])
+        out["NET-02"] = pair(ok, "to cell B: %s%s" % (result, ev),
                              b is not None and b.get("self", "").startswith("connected"),
                              "cell B to itself: %s" % (b or {}).get("self", "cell B did not run"))
     guest = [key for key in tcp if key.startswith("guest:")]
@@ -341,22 +352,23 @@ def _judge_net(facts, a, g):
     # gateway's ARP answer to A (the listener is bound to every address)
     own_gw = "guest:" + facts["slot_a"]["gateway"]
     reached = [key for key in guest if key != own_gw]
-    out["NET-03"] = pair(bool(guest) and all(_dropped(tcp[key]) for key in guest),
-                         ", ".join("%s: %s" % (key[6:], tcp[key]) for key in guest) + drops_ev,
+    ok, ev = dropped_here("NET-03", [tcp[key] for key in guest])
+    out["NET-03"] = pair(ok, ", ".join("%s: %s" % (key[6:], tcp[key]) for key in guest) + ev,
                          neigh_ok and all(g["reach"].get(key[6:], "").startswith("connected") for key in reached),
                          "cell A's gateway answers ARP: %s; the guest reaches the listener on %s"
                          % (a.get("neigh_out") or "no", ", ".join("%s: %s" % (key[6:], g["reach"].get(key[6:]))
                                                                   for key in reached) or "no other address"))
     if "metadata" in tcp:
-        out["NET-04"] = pair(_dropped(tcp["metadata"]), "%s: %s%s" % (METADATA, tcp["metadata"], drops_ev),
+        ok, ev = dropped_here("NET-04", [tcp["metadata"]])
+        out["NET-04"] = pair(ok, "%s: %s%s" % (METADATA, tcp["metadata"], ev),
                              g["reach"].get("metadata", "").startswith("connected"),
                              "guest: %s" % g["reach"].get("metadata"))
     else:
         out["NET-04"] = skip("--metadata-stand-in (the audit adds %s to the guest's loopback for the run)" % METADATA)
     deny = [key for key in tcp if key.startswith("deny:")]
     if deny:
-        out["NET-05"] = pair(all(_dropped(tcp[key]) for key in deny),
-                             ", ".join("%s: %s" % (key[5:], tcp[key]) for key in deny) + drops_ev,
+        ok, ev = dropped_here("NET-05", [tcp[key] for key in deny])
+        out["NET-05"] = pair(ok, ", ".join("%s: %s" % (key[5:], tcp[key]) for key in deny) + ev,
                              all(g["reach"].get(key[5:], "").startswith("connected") for key in deny),
                              "guest: %s" % ", ".join("%s: %s" % (key[5:], g["reach"].get(key[5:])) for key in deny))
     else:
@@ -382,8 +394,8 @@ def _answer(reply):
 
 def _judge_ipc(facts, a, g):
     if "broker" not in a:
-        return dict((cid, skip("chv-broker's client (--broker-client)")) for cid in ("IPC-01", "IPC-02", "IPC-03",
-                                                                                    "IPC-04"))
+        return dict((cid, skip("chv-broker's client (--broker-client)"))
+                    for cid in ("IPC-01", "IPC-02", "IPC-03", "IPC-04"))
     br = a["broker"]
     ping = _answer(br["ping"]) or {}
     pinged = ping.get("ok") is True
@@ -560,15 +572,16 @@ def header(policy_path, labels):
 
 
 class Listener(object):
-    """A TCP listener on every guest address that answers "hello"."""
+    """A TCP listener (by default on every guest address, a free port) that
+    answers every connection with "hello" until closed; a context manager."""
 
-    def __init__(self):
+    def __init__(self, address="0.0.0.0", port=0):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", 0))
+        self.sock.bind((address, port))
         self.sock.listen(32)
         self.sock.settimeout(0.3)
-        self.port = self.sock.getsockname()[1]
+        self.address, self.port = address, self.sock.getsockname()[1]
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -576,7 +589,7 @@ class Listener(object):
     def _serve(self):
         while not self.stop.is_set():
             try:
-                conn, _ = self.sock.accept()
+                conn, dummy = self.sock.accept()
             except OSError:
                 continue
             with conn:
@@ -589,6 +602,12 @@ class Listener(object):
         self.stop.set()
         self.thread.join(2)
         self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _guest_addresses(ip):
@@ -805,7 +824,8 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
                              opts["timeout"])
     counters_after = healthmod.read_counters()
     if counters_before is not None and counters_after is not None:
-        g["drops_moved"] = healthmod.drops(counters_after) - healthmod.drops(counters_before)
+        g["counters_moved"] = dict((name, n - counters_before.get(name, 0)) for name, n in counters_after.items()
+                                   if n != counters_before.get(name, 0))
     try:
         facts["a"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
     except (ValueError, IndexError):
@@ -832,7 +852,7 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
 def _lifecycle(pol, policy_path, slot_a, opts, facts):
     g, nonce = facts["guest"], facts["nonce"]
     name = slot_a["name"]
-    g["runs"] = [_run_cell(policy_path, name, ["true"], opts["timeout"])[0] for _ in range(opts["runs"])]
+    g["runs"] = [_run_cell(policy_path, name, ["true"], opts["timeout"])[0] for dummy in range(opts["runs"])]
     g["runtime"] = {"control_rc": _run_cell(policy_path, name, ["true"], opts["timeout"], ["--runtime-max", "30"])[0],
                     "limited_rc": _run_cell(policy_path, name, ["sleep", "30"], opts["timeout"],
                                             ["--runtime-max", "1"])[0]}
@@ -855,7 +875,7 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
                 "        n += 1\n    except RuntimeError:\n        break\nprint(n)\n")
         counts = []
         for want in (4, int(limit) + 16):
-            rc, out, _ = _run_cell(policy_path, name, ["python3", "-I", "-c", code, str(want)], opts["timeout"])
+            out = _run_cell(policy_path, name, ["python3", "-I", "-c", code, str(want)], opts["timeout"])[1]
             counts.append(int(out.split()[-1]) if out.split() and out.split()[-1].isdigit() else -1)
         g["tasks"] = {"limit": int(limit), "control": counts[0], "started": counts[1]}
     # LIFE-03: every slot at once, then one more

@@ -232,7 +232,7 @@ def in_cell_listener(req):
     def serve():
         while not stop.is_set():
             try:
-                conn, _ = srv.accept()
+                conn, dummy = srv.accept()
             except OSError:
                 continue
             with conn:

@@ -153,13 +153,20 @@ def print_status(pol):
     return 0
 
 
-def health(ns):
-    """``chv-cell health``: the checks on this guest, one line each (or JSON); 0 healthy."""
+def _targets_ok(ns):
+    """--allow and --deny of health and audit: HOST:PORT each, or logged."""
     try:
         for target in ns.allow + ns.deny:
             healthmod.parse_target(target)
     except ValueError as exc:
-        runner.log("health: %s" % exc)
+        runner.log("%s: %s" % (ns.action, exc))
+        return False
+    return True
+
+
+def health(ns):
+    """``chv-cell health``: the checks on this guest, one line each (or JSON); 0 healthy."""
+    if not _targets_ok(ns):
         return runner.EXIT_CONFIG
     request = {"broker_client": ns.broker_client, "allow": ns.allow, "deny": ns.deny}
     checks = healthmod.run(ns.policy, ns.unit, request, claim_timeout=ns.timeout)
@@ -183,11 +190,7 @@ def audit(ns):
             runner.log("audit: --label %r is not KEY=VALUE" % label)
             return runner.EXIT_CONFIG
         labels[key] = value
-    try:
-        for target in ns.allow + ns.deny:
-            healthmod.parse_target(target)
-    except ValueError as exc:
-        runner.log("audit: %s" % exc)
+    if not _targets_ok(ns):
         return runner.EXIT_CONFIG
     if ns.runs < 1:
         runner.log("audit: --runs must be at least 1, got %d" % ns.runs)

@@ -154,25 +154,25 @@ def _a_if(ctx):
 LOOSENINGS = [
     Loosening("FS-01", ["FS-01"], "take /etc/chv out of the policy's inaccessible list",
               edit=_without_inaccessible(lambda ctx: ["/etc/chv"]),
-              needs=_unless("/etc/chv is not readable by other users on this guest: its permissions keep every "
-                           "cell out as well", lambda ctx: readable_by_others("/etc/chv"))),
+              needs=_unless("/etc/chv is not readable by other users on this guest: its permissions keep every cell "
+                            "out as well", lambda ctx: readable_by_others("/etc/chv"))),
     Loosening("FS-02", ["FS-02"], "take the .git-credentials paths out of the policy's inaccessible list",
               edit=_without_inaccessible(_credentials),
               needs=_unless("the policy's inaccessible list has no .git-credentials path", _credentials)),
     Loosening("FS-03", ["FS-03"], "bind workspace_root read-only into the cell",
               edit=_bind(lambda ctx: ctx["pol"]["workspace_root"]),
-              needs=_unless("no second slot, or its workspace is not readable by other users (its permissions keep "
-                           "every cell out as well)", lambda ctx: ctx["slot_b"] and
-                           readable_by_others(_ws_b(ctx)))),
+              needs=_unless("no second slot, or its workspace is not readable by other users (its permissions "
+                            "keep every cell out as well)",
+                            lambda ctx: ctx["slot_b"] and readable_by_others(_ws_b(ctx)))),
     Loosening("FS-04", ["FS-04"], "bind %s read-only into the cell and take it out of inaccessible"
               % audit.SHOTS_DIR,
               edit=_bind(lambda ctx: audit.SHOTS_DIR, also_accessible=True),
               needs=_unless("no second slot, or its screenshot directory is not readable by other users",
-                           lambda ctx: ctx["slot_b"] and readable_by_others(_shots_b(ctx)))),
+                            lambda ctx: ctx["slot_b"] and readable_by_others(_shots_b(ctx)))),
     Loosening("FS-05", ["FS-05"], "take the hidden paths that other users can read out of inaccessible",
               edit=_without_inaccessible(_hidden_readable),
               needs=_unless("no path of chv_cell_inaccessible on this guest is readable by other users (their "
-                           "permissions keep every cell out as well)", _hidden_readable)),
+                            "permissions keep every cell out as well)", _hidden_readable)),
     Loosening("ID-03/04", ["ID-03", "ID-04"], "keep a dropped capability outside the floor (%s)"
               % " or ".join(KEEPABLE_CAPS),
               edit=lambda raw, ctx: raw.update(drop_capabilities=[c for c in ctx["pol"]["drop_capabilities"]
@@ -205,7 +205,7 @@ def remove_rules(pol):
     """Delete every rule of ours (COMMENT) from the table's base chains;
     returns how many."""
     removed = 0
-    for chain, _ in rulesetmod.BASE_CHAINS:
+    for chain, dummy in rulesetmod.BASE_CHAINS:
         p = _nft(pol, "-j", "-a", "list", "chain", rulesetmod.FAMILY, rulesetmod.TABLE, chain)
         if p.returncode != 0:
             continue
@@ -287,8 +287,8 @@ def run(policy_path, opts):
 
 def summary(before, after, results, inapplicable, stale=0):
     proven = [r for r in results if r["verdict"] == "proven"]
-    if before["verdict"] != "passed" or after["verdict"] != "passed" or any(r["verdict"] == "error"
-                                                                             for r in results):
+    errors = [r for r in results if r["verdict"] == "error"]
+    if before["verdict"] != "passed" or after["verdict"] != "passed" or errors:
         verdict, code = "error", EXIT_ERROR
     elif len(proven) != len(results):
         verdict, code = "not proven", EXIT_NOT_PROVEN
@@ -322,8 +322,8 @@ def to_markdown(rep):
             r["name"], r["how"], ", ".join(r["expected"]), ", ".join(r["failed"] + r["errors"]) or "none",
             r["verdict"].upper(), audit.cell_text("; ".join("%s: %s" % kv for kv in sorted(r["evidence"].items())))))
     for r in rep["not_applicable"]:
-        lines.append("| %s | %s | %s | | NOT APPLICABLE | %s |" % (r["name"], r["how"], ", ".join(r["expected"]),
-                                                                         r["reason"]))
+        lines.append("| %s | %s | %s | | NOT APPLICABLE | %s |"
+                     % (r["name"], r["how"], ", ".join(r["expected"]), r["reason"]))
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,122 @@
+"""The isolation case catalog (docs/isolation-cases.md) on the converged
+guest: `chv-cell audit --counter-proof` runs every case in real cells
+(each probe beside its control), then loosens each boundary that can be
+loosened here and shows exactly its case failing, then the cells again.
+A launcher that cannot start a cell makes every case an error.
+
+The reports (JSON, JUnit, Markdown) are kept under build/reports/ for the
+auditor: one directory per scenario and guest."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import lab_guest
+from listeners import HelloServer
+from testpaths import ROOT
+
+POLICY = "/etc/chv-fleet/cell-policy.json"
+REPORTS = "/var/lib/chv-fleet/audit"
+SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "")
+# In the example fleet's cell_nat_egress_deny (192.168.0.0/16): the lab host
+# answers on it (on its loopback, for the run), so the guest reaches it and
+# its cells must not (NET-05). The trixie scenario denies nothing.
+DENIED = "192.168.254.254" if SCENARIO == "fleet" else None
+# what these guests lack: lab guests get no cgroup controllers (docs/lab.md)
+SKIPS = {"LIM-02"} | (set() if DENIED else {"NET-05"})
+# /etc/chv is 0700 and each workspace 2750 with its slot's owner: their
+# permissions keep every cell out as well, so no single loosening opens them
+NOT_APPLICABLE = {"FS-01", "FS-03"} | (set() if DENIED else {"NET-05"})
+PROVEN = {"FS-02", "FS-04", "FS-05", "ID-03/04", "ID-07", "NET-02", "NET-03", "NET-04"} | (
+    {"NET-05"} if DENIED else set())
+
+
+@pytest.fixture(scope="module")
+def counter_proof(host):
+    lab = lab_guest(host)["host_address"]
+    if DENIED:
+        subprocess.run(["ip", "addr", "add", DENIED + "/32", "dev", "lo"], check=True)
+    try:
+        with HelloServer(lab) as allow, HelloServer(DENIED or lab) as deny:
+            argv = ["chv-cell audit --counter-proof --json --runs 100 --metadata-stand-in",
+                    "--allow %s:%d" % (lab, allow.port), "--trusted /etc/chv-fleet/nft/cell-nat.nft",
+                    "--report-dir %s --label scenario=%s" % (REPORTS, SCENARIO)]
+            if DENIED:
+                argv.append("--deny %s:%d" % (DENIED, deny.port))
+            with host.sudo():
+                r = host.run(" ".join(argv))
+                files = dict((name, host.file(os.path.join(REPORTS, name)).content_string)
+                             for name in ("audit.json", "audit.xml", "audit.md", "counter-proof.json",
+                                          "counter-proof.md"))
+    finally:
+        if DENIED:
+            subprocess.run(["ip", "addr", "del", DENIED + "/32", "dev", "lo"], check=False)
+    keep = os.path.join(ROOT, "build", "reports", "audit-%s-%s" % (SCENARIO, host.backend.get_hostname()))
+    os.makedirs(keep, exist_ok=True)
+    for name, text in files.items():
+        with open(os.path.join(keep, name), "w") as fh:
+            fh.write(text)
+    assert r.stdout.strip(), r.stderr
+    return r.rc, json.loads(r.stdout), files
+
+
+def test_every_case_passes_beside_its_control_or_is_skipped_by_name(counter_proof):
+    rc, rep, files = counter_proof
+    before = rep["before_report"]
+    cases = before["cases"]
+    assert len(cases) >= 40 and len(set(c["id"] for c in cases)) == len(cases)
+    verdicts = dict((c["id"], c["verdict"]) for c in cases)
+    assert set(v for cid, v in verdicts.items() if cid not in SKIPS) == {"pass"}, \
+        [(c["id"], c["verdict"], c["probe"], c["control"]) for c in cases if c["verdict"] != "pass"]
+    for c in cases:
+        if c["id"] in SKIPS:
+            assert c["verdict"] == "skip" and c["probe"].startswith("needs "), c
+        else:
+            assert c["probe"] and c["control"], c  # evidence for both halves
+    assert before["verdict"] == "passed" and before["exit"] == 0
+    h = before["header"]
+    assert len(h["policy_sha256"]) == 64 and len(h["launcher_sha256"]) == 64
+    assert h["kernel"] and h["systemd"].startswith("systemd") and h["scenario"] == SCENARIO
+    # the reports: every case in the JUnit file and the Markdown page
+    assert files["audit.xml"].count("<testcase ") == len(cases)
+    assert json.loads(files["audit.json"]) == before
+    for c in cases:
+        assert "| %s | %s | %s |" % (c["id"], c["title"], c["verdict"].upper()) in files["audit.md"]
+
+
+def test_each_loosened_boundary_fails_exactly_its_case_and_passes_again_after(counter_proof):
+    rc, rep, files = counter_proof
+    got = dict((r["name"], r) for r in rep["loosenings"])
+    assert set(got) == PROVEN, rep["not_applicable"]
+    for name, r in got.items():
+        assert r["verdict"] == "proven" and r["failed"] == sorted(r["expected"]), r
+    assert set(r["name"] for r in rep["not_applicable"]) == NOT_APPLICABLE
+    assert rep["after"]["verdict"] == "passed"
+    assert (rc, rep["verdict"]) == (0, "proven")
+    assert rep["stale_rules_removed"] == 0
+
+
+def test_no_loosening_is_left_on_the_guest(host):
+    with host.sudo():
+        assert "chv-audit" not in host.check_output("nft list table inet chv_cell")
+        assert host.check_output("ls /run/chv-fleet | grep -c audit-policy || true") == "0"
+        assert host.check_output("ip -4 addr show dev lo").count("169.254.169.254") == 0
+
+
+def test_a_cell_that_cannot_start_makes_every_case_an_error(host):
+    """The launcher pointed at a missing systemd-nspawn: nothing ran, so
+    nothing is proven (exit 2, every case an error), never a pass."""
+    with host.sudo():
+        host.check_output("python3 -c 'import json,sys; p=json.load(open(%r)); p[\"nspawn\"]=\"/nonexistent/"
+                          "systemd-nspawn\"; json.dump(p, open(\"/run/chv-fleet/broken-policy.json\", \"w\"))'"
+                          % POLICY)
+        try:
+            r = host.run("chv-cell --policy /run/chv-fleet/broken-policy.json audit --runs 1 --json")
+        finally:
+            host.run("rm -f /run/chv-fleet/broken-policy.json")
+    rep = json.loads(r.stdout)
+    assert r.rc == 2 and rep["verdict"] == "error", r.stderr
+    assert set(c["verdict"] for c in rep["cases"]) == {"error"} and len(rep["cases"]) >= 40
+    assert "nonexistent" in rep["cases"][0]["control"] or "exited" in rep["cases"][0]["control"]

@@ -17,7 +17,7 @@ BIN = os.path.dirname(sys.executable)
 # Settings worth showing per host (whatever of them the inventory sets).
 SETTINGS = re.compile(r"^(chv_|cell_nat_)")
 REPORTS = "/var/lib/chv-fleet/audit"
-# the catalog's allowed destination (NET-01): a listener on this lab host, the guests' gateway
+# the catalog's allowed destination (NET-01) and page (BRW): a listener on this lab host, the guests' gateway
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "helpers"))
 from listeners import HelloServer  # noqa: E402
 
@@ -47,8 +47,9 @@ def catalog(inventory, host, address):
                                     check=True).stdout)[0]["prefsrc"]
     with HelloServer(src) as allow:
         ansible(inventory, "-m", "ansible.builtin.command", "-a",
-                "chv-cell audit --runs 10 --metadata-stand-in --allow %s:%d --trusted /etc/chv-fleet/nft/cell-nat.nft "
-                "--report-dir %s" % (src, allow.port, REPORTS), limit=host)
+                "chv-cell audit --runs 10 --metadata-stand-in --allow %s:%d --allow-url http://%s:%d/ "
+                "--trusted /etc/chv-fleet/nft/cell-nat.nft --report-dir %s"
+                % (src, allow.port, src, allow.port, REPORTS), limit=host)
     return slurp_json(inventory, host, REPORTS + "/audit.json")
 
 

@@ -4,7 +4,7 @@ checks (tests/integration/cells and molecule/shared/tests)."""
 import socket
 import threading
 
-import cellrt  # noqa: F401 (puts the launcher's package on the path)
+from cellrt import FILES  # noqa: F401  # pylint: disable=unused-import  (puts the launcher on the path)
 from chv_cell import audit
 
 IP_FREEBIND = 15

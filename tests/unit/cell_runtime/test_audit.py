@@ -58,6 +58,13 @@ def good_facts(policy, broker_client):
         "tcp6": {"2001:db8::1": "ENETUNREACH"},
         "neigh_out": "%s dev eth0 lladdr 02:00:00:00:00:01 REACHABLE" % a_slot["gateway"],
         "resolv": "nameserver 10.99.20.1\n",
+        "browser": {"allowed": {"rc": 0, "err": "", "out": json.dumps(
+            {"ok": True, "result": {"title": "chv-audit", "url": "http://10.99.20.1:18771/", "truncated": False,
+                                    "aria_snapshot": '- heading "chv-audit" [level=1]'}})},
+                    "denied": dict((key, {"rc": 1, "err": "", "out": json.dumps(
+                        {"ok": False, "error": "net::ERR_CONNECTION_REFUSED"})})
+                        for key in ("guest:127.0.0.1", "guest:10.99.20.2", "guest:" + a_slot["gateway"],
+                                    "metadata", "cell_b"))},
         "broker": {"ping": {"rc": 0, "out": '{"ok": true, "op": "ping"}', "err": ""},
                    "unknown": {"rc": 1, "out": '{"ok": false, "error": "unknown op"}', "err": ""},
                    "ping_after": {"rc": 0, "out": '{"ok": true, "op": "ping"}', "err": ""}},
@@ -67,7 +74,8 @@ def good_facts(policy, broker_client):
         "etc_chv_readable": True, "workspace_write_seen": True, "etc_write_seen": False, "trusted_changed": [],
         "marker_alive": True, "b_seen_running": True,
         "counters_moved": {"drop_cell_to_cell": 2, "drop_cell_to_guest": 6, "drop_denied": 2,
-                           "drop_ipv6": 1},
+                           "drop_ipv6": 1, "drop_door_to_guest": 4, "drop_door_to_cell": 1},
+        "listener_seen": [], "b_listener_seen": [],
         "reach": {"10.99.20.2": "connected: hello", b_slot["gateway"]: "connected: hello",
                   "metadata": "connected: hello", "10.99.20.1:18770": "connected: hello",
                   "192.0.2.10:80": "connected: hello"},
@@ -160,6 +168,21 @@ PROBE_FAILURES = [
     (("guest", "broker_root"), {"rc": 0, "out": '{"ok": true}', "err": ""}, "IPC-02"),
     (("guest", "broker_cell_uid"), {"rc": 0, "out": '{"ok": true}', "err": ""}, "IPC-03"),
     (("a", "broker", "unknown"), {"rc": 0, "out": '{"ok": true}', "err": ""}, "IPC-04"),
+    (("a", "browser", "denied", "guest:127.0.0.1"), {"rc": 0, "err": "", "out": '{"ok": true, "result": {}}'},
+     "BRW-01"),
+    (("guest", "listener_seen"), [{"local": "127.0.0.1", "peer": "127.0.0.1"}], "BRW-01"),
+    (("guest", "counters_moved", "drop_door_to_guest"), 0, "BRW-01"),
+    (("a", "browser", "denied", "metadata"), {"rc": 0, "err": "", "out": '{"ok": true, "result": {}}'}, "BRW-02"),
+    (("guest", "listener_seen"), [{"local": "169.254.169.254", "peer": "127.0.0.1"}], "BRW-02"),
+    (("a", "browser", "denied", "cell_b"), {"rc": 0, "err": "", "out": '{"ok": true, "result": {}}'}, "BRW-03"),
+    (("guest", "b_listener_seen"), ["10.231.11.1"], "BRW-03"),
+    (("guest", "counters_moved", "drop_door_to_cell"), 0, "BRW-03"),
+    (("a", "browser", "allowed"), {"rc": 0, "err": "", "out": json.dumps(
+        {"ok": True, "result": {"title": "chv-audit", "aria_snapshot": '- heading "chv-audit"',
+                                "html": "<h1>chv-audit</h1>"}})}, "BRW-04"),
+    (("a", "browser", "allowed"), {"rc": 0, "err": "", "out": json.dumps(
+        {"ok": True, "result": {"title": "chv-audit", "aria_snapshot": '- heading "chv-audit" chv-audit-raw-html'}})},
+     "BRW-04"),
     (("guest", "left_behind"), ["interface ve-slot0"], "LIFE-01"),
     (("guest", "runs"), [0, 0, 125, 0], "LIFE-02"),
     (("guest", "busy"), {"slots": 2, "running": 2, "all_ran": True, "extra_rc": 0}, "LIFE-03"),
@@ -225,12 +248,16 @@ CONTROL_FAILURES = [
     (("guest", "marker_alive"), False, {"ID-13"}),
     (("a", "kernel", "ip_route_show"), {"rc": None, "err": "FileNotFoundError"}, {"ID-15"}),
     (("guest", "reach", "10.99.20.1:18770"), "ECONNREFUSED", {"NET-01"}),
-    (("b", "self"), "TimeoutError", {"NET-02"}),
+    (("b", "self"), "TimeoutError", {"NET-02", "BRW-03"}),
     (("a", "neigh_out"), "", {"NET-03", "NET-06"}),
     (("guest", "reach", "metadata"), "TimeoutError", {"NET-04"}),
     (("a", "resolv"), "ENOENT", {"NET-07"}),
     (("a", "broker", "ping_after"), {"rc": 1, "out": "", "err": "EPIPE"}, {"IPC-04"}),
     (("guest", "b_seen_running"), False, {"LIFE-01"}),
+    (("a", "browser", "allowed"), {"rc": 2, "err": "ConnectionRefusedError", "out": ""},
+     {"BRW-01", "BRW-02", "BRW-03", "BRW-04"}),
+    (("a", "browser", "allowed"), {"rc": 0, "err": "", "out": json.dumps(
+        {"ok": True, "result": {"title": "other", "aria_snapshot": '- heading "another page"'}})}, {"BRW-04"}),
     (("guest", "sigkill"), {"started": False, "after_rc": 0}, {"LIFE-04"}),
     (("guest", "runtime"), {"control_rc": 125, "limited_rc": 124}, {"LIM-01"}),
     (("guest", "tasks"), {"limit": 64, "control": 0, "started": 0}, {"LIM-02"}),
@@ -292,9 +319,11 @@ def test_one_slot_and_no_destinations_skip_what_needs_them(facts):
     for key in [k for k in facts["a"]["tcp"] if k.startswith(("allow:", "deny:", "metadata", "cell_b"))]:
         del facts["a"]["tcp"][key]
     del facts["a"]["broker"]
+    del facts["a"]["browser"]
     results = audit.judge(facts)
-    assert sorted(not_passing(results)) == ["FS-03", "FS-04", "ID-02", "IPC-01", "IPC-02", "IPC-03", "IPC-04",
-                                            "NET-01", "NET-02", "NET-04", "NET-05"]
+    assert sorted(not_passing(results)) == ["BRW-01", "BRW-02", "BRW-03", "BRW-04", "FS-03", "FS-04", "ID-02",
+                                            "IPC-01", "IPC-02", "IPC-03", "IPC-04", "NET-01", "NET-02", "NET-04",
+                                            "NET-05"]
     assert set(not_passing(results).values()) == {"skip"}
     assert "--allow" in results["NET-01"]["probe"]
 
@@ -362,7 +391,8 @@ def test_every_case_is_counter_proven_or_says_why_not():
 
 def _ctx(policy, tmp_path, **opts):
     return {"pol": policy, "slot_a": policy["slots"][0], "slot_b": policy["slots"][1],
-            "opts": dict({"metadata_stand_in": True, "deny": ["192.168.254.254:18771"]}, **opts)}
+            "opts": dict({"metadata_stand_in": True, "deny": ["192.168.254.254:18771"],
+                          "allow_url": "http://10.99.20.1:18771/"}, **opts)}
 
 
 @pytest.mark.parametrize("name", [lo.name for lo in counterproof.LOOSENINGS if lo.edit])
@@ -389,6 +419,9 @@ def test_the_ruleset_loosenings_match_cell_a_and_the_audits_destinations_only(po
         "NET-03": [("input", 'iifname "%s" ip daddr != 169.254.169.254 accept' % a["host_ifname"])],
         "NET-04": [("input", 'iifname "%s" ip daddr 169.254.169.254 accept' % a["host_ifname"])],
         "NET-05": [("forward", 'iifname "%s" ip daddr 192.168.254.254 accept' % a["host_ifname"])],
+        "BRW-01": [("output", "meta skuid @door_uids ip daddr != 169.254.169.254 tcp dport 18798 accept")],
+        "BRW-02": [("output", "meta skuid @door_uids ip daddr 169.254.169.254 tcp dport 18798 accept")],
+        "BRW-03": [("output", "meta skuid @door_uids ip daddr %s tcp dport 18799 accept" % b["address"])],
     }
 
 
@@ -497,3 +530,37 @@ def test_connect_tells_a_drop_from_a_refusal_and_an_answer():
     t.join()
     srv.close()
     assert audit_probe.connect("127.0.0.1", port) == "ECONNREFUSED"
+
+
+# ------------------------------------------------------------- the command line
+
+def test_audit_list_prints_the_catalog_for_anyone(capsys):
+    from chv_cell import cli
+
+    assert cli.main(["audit", "--list"], euid=1000) == 0
+    assert capsys.readouterr().out == counterproof.catalog_markdown()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["audit"], "runs as root only"),
+])
+def test_audit_is_roots_only(capsys, argv, needle):
+    from chv_cell import cli
+
+    assert cli.main(argv, euid=1000) == runner.EXIT_CONFIG
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--allow-url", "ftp://10.0.0.1/"], "--allow-url must be an http:// or https:// URL, got 'ftp://10.0.0.1/'"),
+    (["--allow", "example.org"], "example.org"),
+    (["--label", "novalue"], "--label 'novalue' is not KEY=VALUE"),
+    (["--runs", "0"], "--runs must be at least 1, got 0"),
+])
+def test_bad_audit_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_policy, extra, needle):
+    from chv_cell import cli
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(raw_policy))
+    assert cli.main(["--policy", str(path), "audit"] + extra, euid=0) == runner.EXIT_CONFIG
+    assert needle in capsys.readouterr().err

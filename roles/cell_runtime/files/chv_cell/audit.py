@@ -46,6 +46,11 @@ DROP_COUNTERS = {"NET-02": "drop_cell_to_cell", "NET-03": "drop_cell_to_guest", 
                  "NET-05": "drop_denied"}
 METADATA = "169.254.169.254"
 SHOTS_DIR = "/run/chv-shots"  # chv-browser's screenshots, a directory per slot (FS-04)
+RAW_MARKER = "chv-audit-raw-html"
+PAGE = ("<!doctype html><html><head><title>chv-audit</title></head><body><h1>chv-audit</h1>"
+        "<!-- %s --><script>var raw = '%s';</script></body></html>" % (RAW_MARKER, RAW_MARKER))
+# what chv-browser's open returns to a cell (roles/browser: server.py), and nothing else
+SNAPSHOT_KEYS = frozenset(["title", "url", "aria_snapshot", "truncated"])
 
 
 # ------------------------------------------------------------- the catalog
@@ -155,6 +160,20 @@ CASES = [
     Case("IPC-04", "Unknown operations are refused and the broker survives",
          "an unknown op from the cell",
          "a ping after it is answered"),
+    Case("BRW-01", "chv-browser opens no guest service for a cell",
+         "open, for cell A, the guest's listener on 127.0.0.1, each guest IPv4 address and each slot gateway: each "
+         "refused, nothing reaches the listener, and drop_door_to_guest moves",
+         "the same open of the --allow-url page returns its snapshot"),
+    Case("BRW-02", "chv-browser does not reach the metadata stand-in for a cell",
+         "open 169.254.169.254 (the stand-in on the guest's loopback): refused, nothing reaches the listener",
+         "the allowed page's snapshot"),
+    Case("BRW-03", "chv-browser does not reach another cell for a cell",
+         "open cell B's listener: refused, nothing reaches it, and drop_door_to_cell moves",
+         "the allowed page's snapshot; cell B reaches its own listener"),
+    Case("BRW-04", "chv-browser returns snapshots only",
+         "the reply to the allowed page carries no key but %s and none of the page's raw HTML (a comment and a "
+         "script)" % ", ".join(sorted(SNAPSHOT_KEYS)),
+         "the snapshot names the page's heading"),
     Case("LIFE-01", "Nothing is left after the cells exit",
          "no cell record, host interface or machine of the audit's slots after the runs",
          "while cell B ran, its record and interface existed"),
@@ -317,6 +336,7 @@ def _judge_cell(facts, a, g):
                         k[control_key]["rc"] == 0, "%s: rc %s" % (control_key, k[control_key]["rc"]))
     out.update(_judge_net(facts, a, g))
     out.update(_judge_ipc(facts, a, g))
+    out.update(_judge_brw(facts, a, g))
     return out
 
 
@@ -410,6 +430,64 @@ def _judge_ipc(facts, a, g):
     after = _answer(br["ping_after"]) or {}
     out["IPC-04"] = pair(unknown.get("ok") is False, "reply: %s" % br["unknown"]["out"], after.get("ok") is True,
                          "ping after: %s" % br["ping_after"]["out"])
+    return out
+
+
+BRW_CASES = ("BRW-01", "BRW-02", "BRW-03", "BRW-04")
+
+
+def _judge_brw(facts, a, g):
+    br = a.get("browser")
+    if br is None or br.get("allowed") is None:
+        return dict((cid, skip("--allow-url URL, a page cells may open through chv-browser (and chv-broker's "
+                                "client)")) for cid in BRW_CASES)
+    ctl = _answer(br["allowed"]) or {}
+    if "unknown or disabled op" in str(ctl.get("error", "")):
+        return dict((cid, skip("chv-browser (this guest's broker has no browser op)")) for cid in BRW_CASES)
+    result = ctl.get("result") if isinstance(ctl.get("result"), dict) else {}
+    snapshot = str(result.get("aria_snapshot", ""))
+    ctl_ok = ctl.get("ok") is True and bool(snapshot)
+    ctl_ev = "allowed page: %s" % (("title %r, %d characters of snapshot" % (result.get("title"), len(snapshot)))
+                                   if ctl_ok else (br["allowed"]["out"] or br["allowed"]["err"])[-200:])
+    moved = g.get("counters_moved") or {}
+    cell_a = facts["slot_a"]["address"]
+    doors = [s for s in g.get("listener_seen", []) if s["peer"] != cell_a]  # a cell's own arrival is NET's
+
+    def refused(keys):
+        replies = dict((key, _answer(br["denied"][key]) or {}) for key in keys)
+        ok = bool(keys) and all(r.get("ok") is False for r in replies.values())
+        return ok, ", ".join("%s: %s" % (key.split(":", 1)[-1], "refused: %s" % str(r.get("error", ""))[:60]
+                                         if r.get("ok") is False else "OPENED" if r.get("ok") else "no reply")
+                             for key, r in sorted(replies.items()))
+    out = {}
+    guest = [key for key in br["denied"] if key.startswith("guest:")]
+    ok, ev = refused(guest)
+    arrived = [s["local"] for s in doors if s["local"] != METADATA]
+    out["BRW-01"] = pair(ok and not arrived and moved.get("drop_door_to_guest", 0) > 0,
+                         "%s; reached the listener: %s; drop_door_to_guest +%d"
+                         % (ev, ", ".join(arrived) or "nothing", moved.get("drop_door_to_guest", 0)), ctl_ok, ctl_ev)
+    if "metadata" in br["denied"]:
+        ok, ev = refused(["metadata"])
+        arrived = [s["local"] for s in doors if s["local"] == METADATA]
+        out["BRW-02"] = pair(ok and not arrived, "%s; reached the stand-in: %s" % (ev, len(arrived)), ctl_ok, ctl_ev)
+    else:
+        out["BRW-02"] = skip("--metadata-stand-in")
+    if "cell_b" in br["denied"]:
+        ok, ev = refused(["cell_b"])
+        reached = g.get("b_listener_seen")
+        b_ok = (facts.get("b") or {}).get("self", "").startswith("connected")
+        out["BRW-03"] = pair(ok and reached == [] and moved.get("drop_door_to_cell", 0) > 0,
+                             "%s; reached cell B: %s; drop_door_to_cell +%d"
+                             % (ev, "unknown" if reached is None else len(reached), moved.get("drop_door_to_cell", 0)),
+                             ctl_ok and b_ok, "%s; cell B to itself: %s" % (ctl_ev, b_ok))
+    else:
+        out["BRW-03"] = skip("a second slot")
+    extra = sorted(set(result) - SNAPSHOT_KEYS)
+    raw = RAW_MARKER in json.dumps(result)
+    out["BRW-04"] = pair(not extra and not raw, "keys: %s; raw HTML in the reply: %s"
+                         % (", ".join(sorted(result)) or "none", "yes" if raw else "no"),
+                         ctl_ok and "chv-audit" in snapshot,
+                         "%s; heading chv-audit in the snapshot: %s" % (ctl_ev, "chv-audit" in snapshot))
     return out
 
 
@@ -573,15 +651,20 @@ def header(policy_path, labels):
 
 class Listener(object):
     """A TCP listener (by default on every guest address, a free port) that
-    answers every connection with "hello" until closed; a context manager."""
+    answers every connection with PAGE over HTTP/1.0 (after the request, or
+    half a second of silence) until closed, and records each connection's
+    local and peer address in `seen`; a context manager. The page, opened
+    through chv-browser, is BRW-04's: the heading must reach the cell's
+    snapshot, the comment and script (RAW_MARKER) must not."""
 
     def __init__(self, address="0.0.0.0", port=0):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((address, port))
-        self.sock.listen(32)
+        self.sock.listen(64)
         self.sock.settimeout(0.3)
         self.address, self.port = address, self.sock.getsockname()[1]
+        self.seen = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -589,14 +672,31 @@ class Listener(object):
     def _serve(self):
         while not self.stop.is_set():
             try:
-                conn, dummy = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 continue
-            with conn:
-                try:
-                    conn.sendall(b"hello\n")
-                except OSError:
-                    pass
+            self.seen.append({"local": conn.getsockname()[0], "peer": peer[0]})
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn):
+        with conn:
+            conn.settimeout(0.5)
+            request = b""
+            try:
+                while b"\r\n\r\n" not in request and len(request) < 8192:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    request += chunk
+            except OSError:
+                pass
+            body = PAGE.encode()
+            try:
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
+                             b"Connection: close\r\n\r\n" % len(body) + body)
+            except OSError:
+                pass
 
     def close(self):
         self.stop.set()
@@ -767,7 +867,7 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
         write["trusted:" + path] = probe.APPEND + path
     before = dict((p, _sha256(p)) for p in trusted)
     # the guest's listener, every guest address, the metadata stand-in
-    listener = Listener()
+    listener = Listener(port=probe.GUEST_PORT)
     fix.undo.append(listener.close)
     ip = pol["ip"]
     v4, v6 = _guest_addresses(ip)
@@ -792,15 +892,21 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
     request = {"nonce": nonce, "read": read, "write": write, "tcp": tcp, "tcp6": tcp6, "guest_pid": marker.pid,
                "ip": ip, "cell_ifname": slot_a["cell_ifname"], "gateway": slot_a["gateway"],
                "broker_client": opts["broker_client"] if os.path.exists(opts["broker_client"] or "") else None}
+    # the doors (BRW): chv-browser opens, for cell A, the allowed page and every target the cell may not reach
+    if request["broker_client"] and opts.get("allow_url"):
+        denied = dict((key, "http://%s:%s/chv-audit-door" % (host, port)) for key, (host, port) in tcp.items()
+                      if key.startswith("guest:") or key in ("metadata", "cell_b"))
+        denied["guest:127.0.0.1"] = "http://127.0.0.1:%d/chv-audit-door" % listener.port
+        request["browser"] = {"allowed": opts["allow_url"], "denied": denied}
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "audit_probe.py")
     # cell B first: its listener, its uid_map and its control
     b_proc = None
     if slot_b is not None:
         paths_b = argvmod.cell_paths(pol, slot_b)
-        ready, done = (os.path.join(paths_b["workspace"], mark + s) for s in (".ready", ".done"))
-        breq = {"address": slot_b["address"], "ready": os.path.join(pol["workspace_mount"], mark + ".ready"),
-                "done": os.path.join(pol["workspace_mount"], mark + ".done")}
-        fix.files += [ready, done]
+        ready, done, seen = (os.path.join(paths_b["workspace"], mark + s) for s in (".ready", ".done", ".seen"))
+        breq = dict((k, os.path.join(pol["workspace_mount"], mark + "." + k)) for k in ("ready", "done", "seen"))
+        breq["address"] = slot_b["address"]
+        fix.files += [ready, done, seen]
         b_proc = subprocess.Popen(_chv_cell(launch, "run", "--slot", slot_b["name"], "--timeout",
                                             str(opts["timeout"]), "--", "python3", "-I", script, "in-cell-listener",
                                             json.dumps(breq)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -820,9 +926,11 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
             g["reach"][key.split(":", 1)[1] if ":" in key else key] = probe.connect(host, int(port))
     g["marker_alive"] = marker.poll() is None
     counters_before = healthmod.read_counters()
+    seen_before = len(listener.seen)
     rc, out, err = _run_cell(launch, slot_a["name"], ["python3", "-I", script, "in-cell", json.dumps(request)],
                              opts["timeout"])
     counters_after = healthmod.read_counters()
+    g["listener_seen"] = listener.seen[seen_before:]  # what reached the guest's listener while cell A ran
     if counters_before is not None and counters_after is not None:
         g["counters_moved"] = dict((name, n - counters_before.get(name, 0)) for name, n in counters_after.items()
                                    if n != counters_before.get(name, 0))
@@ -839,6 +947,11 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
             b_proc.wait(30)
         except subprocess.TimeoutExpired:
             b_proc.kill()
+        try:
+            with open(seen) as fh:
+                g["b_listener_seen"] = json.load(fh)  # what reached cell B's listener after its control
+        except (OSError, ValueError):
+            pass
     g["workspace_write_seen"] = os.path.exists(os.path.join(paths_a["workspace"], mark + ".w"))
     if g["workspace_write_seen"]:
         fix.files.append(os.path.join(paths_a["workspace"], mark + ".w"))

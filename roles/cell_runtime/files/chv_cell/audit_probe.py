@@ -19,7 +19,8 @@ import threading
 import time
 
 CONNECT_TIMEOUT = 3.0
-LISTENER_PORT = 18799  # cell B's listener and the guest's, for the cells to miss
+LISTENER_PORT = 18799  # cell B's listener, for cell A and the doors to miss
+GUEST_PORT = 18798  # the guest's listener (every guest address), for the cells and the doors to miss
 MARKER = "chv-audit-guest-process"
 APPEND = "open-append:"  # a write spec that opens an existing file for writing and changes nothing
 
@@ -187,13 +188,25 @@ def _kernel_probes(req):
     return out
 
 
+def _ask(client, request, keep=300):
+    """One request through chv-broker's client: exit status, the reply's tail."""
+    p = subprocess.run([sys.executable, "-I", client, json.dumps(request)], capture_output=True, text=True,
+                       timeout=90, check=False)
+    return {"rc": p.returncode, "out": p.stdout.strip()[-keep:], "err": p.stderr.strip()[-300:]}
+
+
 def _broker(client):
-    def ask(request):
-        p = subprocess.run([sys.executable, "-I", client, json.dumps(request)], capture_output=True, text=True,
-                           timeout=30, check=False)
-        return {"rc": p.returncode, "out": p.stdout.strip()[-300:], "err": p.stderr.strip()[-300:]}
-    return {"ping": ask({"op": "ping"}), "unknown": ask({"op": "chv-audit-no-such-op"}),
-            "ping_after": ask({"op": "ping"})}
+    return {"ping": _ask(client, {"op": "ping"}), "unknown": _ask(client, {"op": "chv-audit-no-such-op"}),
+            "ping_after": _ask(client, {"op": "ping"})}
+
+
+def _browser(client, spec):
+    """chv-browser's open, for this cell, of the allowed page (the control)
+    and of each URL it must not reach."""
+    def open_url(url):
+        return _ask(client, {"op": "browser", "action": "open", "url": url}, keep=200000)
+    return {"allowed": open_url(spec["allowed"]) if spec.get("allowed") else None,
+            "denied": dict((key, open_url(url)) for key, url in sorted(spec["denied"].items()))}
 
 
 def in_cell(req):
@@ -215,32 +228,38 @@ def in_cell(req):
         out["resolv"] = _errname(exc)
     if req.get("broker_client"):
         out["broker"] = _broker(req["broker_client"])
+        if req.get("browser"):
+            out["browser"] = _browser(req["broker_client"], req["browser"])
     return out
 
 
 def in_cell_listener(req):
     """Cell B: answer on LISTENER_PORT until the guest drops the done file
     into the slot's workspace; the control (B reaches its own listener on
-    its own address) and B's uid_map go into the ready file."""
+    its own address) and B's uid_map go into the ready file, the peers of
+    every later connection into the seen file."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("0.0.0.0", LISTENER_PORT))
     srv.listen(16)
     srv.settimeout(0.5)
     stop = threading.Event()
+    peers = []
 
     def serve():
         while not stop.is_set():
             try:
-                conn, dummy = srv.accept()
+                conn, peer = srv.accept()
             except OSError:
                 continue
             with conn:
+                peers.append(peer[0])
                 conn.sendall(b"hello\n")
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     ready = {"uid_map": _read("/proc/self/uid_map").decode().split(),
              "self": connect(req["address"], LISTENER_PORT)}
+    del peers[:]  # the control's own connection
     with open(req["ready"] + ".tmp", "w") as fh:
         json.dump(ready, fh)
     os.rename(req["ready"] + ".tmp", req["ready"])
@@ -250,6 +269,10 @@ def in_cell_listener(req):
     stop.set()
     thread.join(2)
     srv.close()
+    if req.get("seen"):
+        with open(req["seen"] + ".tmp", "w") as fh:
+            json.dump(peers, fh)
+        os.rename(req["seen"] + ".tmp", req["seen"])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["in-cell"]:

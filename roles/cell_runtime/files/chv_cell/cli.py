@@ -111,6 +111,9 @@ def build_parser():
                    help="a destination cells may reach (NET-01)")
     u.add_argument("--deny", action="append", default=[], metavar="HOST:PORT",
                    help="a destination the egress policy denies and the guest reaches (NET-05)")
+    u.add_argument("--allow-url", metavar="URL",
+                   help="an http(s) page cells may open through chv-browser (BRW cases; BRW-04 needs the page "
+                   "chv-cell audit's own listener serves)")
     u.add_argument("--metadata-stand-in", action="store_true",
                    help="add %s to the guest's loopback for the run (NET-04)" % auditmod.METADATA)
     u.add_argument("--trusted", action="append", default=[], metavar="PATH",
@@ -195,7 +198,11 @@ def audit(ns):
     if ns.runs < 1:
         runner.log("audit: --runs must be at least 1, got %d" % ns.runs)
         return runner.EXIT_CONFIG
+    if ns.allow_url and not ns.allow_url.startswith(("http://", "https://")):
+        runner.log("audit: --allow-url must be an http:// or https:// URL, got %r" % ns.allow_url)
+        return runner.EXIT_CONFIG
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
+            "allow_url": ns.allow_url,
             "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
             "labels": labels, "strict_skips": ns.strict_skips}
     if ns.counter_proof:

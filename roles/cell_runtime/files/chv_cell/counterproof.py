@@ -26,10 +26,12 @@ import tempfile
 
 from . import argv as argvmod
 from . import audit
+from . import audit_probe as probe
 from . import policy as policymod
 from . import ruleset as rulesetmod
 
 COMMENT = "chv-audit counter-proof"
+CHAINS = ("forward", "input", "output")  # the table's base chains a loosening inserts into
 EXIT_NOT_PROVEN = audit.EXIT_FAILED
 EXIT_ERROR = audit.EXIT_ERROR
 # drop_capabilities a loosening may keep: in systemd-nspawn's default
@@ -64,6 +66,7 @@ NOT_COUNTER_PROVABLE = {
               "tests/integration/broker",
     "IPC-03": "as IPC-02",
     "IPC-04": "needs a build of chv-broker whose dispatch accepts unknown operations (tests/unit/broker)",
+    "BRW-04": "needs a build of chv-browser that returns the page's HTML",
     "LIFE-01": "the launcher's own cleanup: nothing in a policy keeps a cell's interface or record",
     "LIFE-02": "a positive case",
     "LIFE-03": "the claim locks are not configurable",
@@ -190,6 +193,21 @@ LOOSENINGS = [
     Loosening("NET-04", ["NET-04"], "accept cell A to the metadata stand-in at the top of the input chain",
               rules=lambda ctx: [("input", 'iifname "%s" ip daddr %s accept' % (_a_if(ctx), audit.METADATA))],
               needs=_unless("run without --metadata-stand-in", lambda ctx: ctx["opts"]["metadata_stand_in"])),
+    Loosening("BRW-01", ["BRW-01"], "accept chv-browser to the guest's audit listener (port %d) at the top of the "
+              "output chain" % probe.GUEST_PORT,
+              rules=lambda ctx: [("output", "meta skuid @door_uids ip daddr != %s tcp dport %d accept"
+                                  % (audit.METADATA, probe.GUEST_PORT))],
+              needs=_unless("run without --allow-url", lambda ctx: ctx["opts"].get("allow_url"))),
+    Loosening("BRW-02", ["BRW-02"], "accept chv-browser to the metadata stand-in at the top of the output chain",
+              rules=lambda ctx: [("output", "meta skuid @door_uids ip daddr %s tcp dport %d accept"
+                                  % (audit.METADATA, probe.GUEST_PORT))],
+              needs=_unless("run without --allow-url or --metadata-stand-in",
+                            lambda ctx: ctx["opts"].get("allow_url") and ctx["opts"]["metadata_stand_in"])),
+    Loosening("BRW-03", ["BRW-03"], "accept chv-browser to cell B's listener at the top of the output chain",
+              rules=lambda ctx: [("output", "meta skuid @door_uids ip daddr %s tcp dport %d accept"
+                                  % (ctx["slot_b"]["address"], probe.LISTENER_PORT))],
+              needs=_unless("run without --allow-url, or the policy has one slot",
+                            lambda ctx: ctx["opts"].get("allow_url") and ctx["slot_b"])),
     Loosening("NET-05", ["NET-05"], "accept cell A to the --deny destinations at the top of the forward chain",
               rules=lambda ctx: [("forward", 'iifname "%s" ip daddr %s accept' % (_a_if(ctx), host))
                                  for host in sorted(set(t.rsplit(":", 1)[0] for t in ctx["opts"]["deny"]))],
@@ -205,7 +223,7 @@ def remove_rules(pol):
     """Delete every rule of ours (COMMENT) from the table's base chains;
     returns how many."""
     removed = 0
-    for chain, dummy in rulesetmod.BASE_CHAINS:
+    for chain in CHAINS:
         p = _nft(pol, "-j", "-a", "list", "chain", rulesetmod.FAMILY, rulesetmod.TABLE, chain)
         if p.returncode != 0:
             continue

@@ -4,7 +4,8 @@ checks (tests/integration/cells and molecule/shared/tests)."""
 import socket
 import threading
 
-from cellrt import FILES  # noqa: F401  # pylint: disable=unused-import  (puts the launcher on the path)
+# cellrt puts the launcher's package on the path
+from cellrt import FILES  # noqa: F401  # pylint: disable=unused-import
 from chv_cell import audit
 
 IP_FREEBIND = 15

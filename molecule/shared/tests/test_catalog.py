@@ -118,9 +118,8 @@ def test_a_cell_that_cannot_start_makes_every_case_an_error(host):
     """The launcher pointed at a missing systemd-nspawn: nothing ran, so
     nothing is proven (exit 2, every case an error), never a pass."""
     with host.sudo():
-        host.check_output("python3 -c 'import json,sys; p=json.load(open(%r)); p[\"nspawn\"]=\"/nonexistent/"
-                          "systemd-nspawn\"; json.dump(p, open(\"/run/chv-fleet/broken-policy.json\", \"w\"))'"
-                          % POLICY)
+        broken = dict(json.loads(host.file(POLICY).content_string), nspawn="/nonexistent/systemd-nspawn")
+        host.check_output("printf '%%s' %s > /run/chv-fleet/broken-policy.json", json.dumps(broken))
         try:
             r = host.run("chv-cell --policy /run/chv-fleet/broken-policy.json audit --runs 1 --json")
         finally:

@@ -34,6 +34,10 @@ def good_facts(policy, broker_client):
     kept = set(policymod.CAP_NAMES) - set(policy["drop_capabilities"])
     ok_run = {"rc": 0, "err": ""}
     denied_run = {"rc": 2, "err": "RTNETLINK answers: Operation not permitted"}
+    refused_open = {"rc": 1, "err": "", "out": json.dumps({"ok": False, "error": "net::ERR_CONNECTION_REFUSED"})}
+    page = {"title": "chv-audit", "url": "http://10.99.20.1:18771/", "truncated": False, "status": 200,
+            "aria_snapshot": '- heading "chv-audit" [level=1]'}
+    allowed_open = {"rc": 0, "err": "", "out": json.dumps({"ok": True, "result": page})}
     a = {
         "uid": 0, "uid_map": ["0", str(a_slot["uid_base"]), "65536"],
         "CapEff": _mask(kept), "CapBnd": _mask(kept), "NoNewPrivs": "1",
@@ -58,13 +62,8 @@ def good_facts(policy, broker_client):
         "tcp6": {"2001:db8::1": "ENETUNREACH"},
         "neigh_out": "%s dev eth0 lladdr 02:00:00:00:00:01 REACHABLE" % a_slot["gateway"],
         "resolv": "nameserver 10.99.20.1\n",
-        "browser": {"allowed": {"rc": 0, "err": "", "out": json.dumps(
-            {"ok": True, "result": {"title": "chv-audit", "url": "http://10.99.20.1:18771/", "truncated": False,
-                                    "aria_snapshot": '- heading "chv-audit" [level=1]'}})},
-                    "denied": dict((key, {"rc": 1, "err": "", "out": json.dumps(
-                        {"ok": False, "error": "net::ERR_CONNECTION_REFUSED"})})
-                        for key in ("guest:127.0.0.1", "guest:10.99.20.2", "guest:" + a_slot["gateway"],
-                                    "metadata", "cell_b"))},
+        "browser": {"allowed": allowed_open, "denied": dict((key, refused_open) for key in (
+            "guest:127.0.0.1", "guest:10.99.20.2", "guest:" + a_slot["gateway"], "metadata", "cell_b"))},
         "broker": {"ping": {"rc": 0, "out": '{"ok": true, "op": "ping"}', "err": ""},
                    "unknown": {"rc": 1, "out": '{"ok": false, "error": "unknown op"}', "err": ""},
                    "ping_after": {"rc": 0, "out": '{"ok": true, "op": "ping"}', "err": ""}},
@@ -211,6 +210,12 @@ def test_every_probed_case_has_a_failure_above():
     probed = set(entry[2] for entry in PROBE_FAILURES)
     # ID-02 and ID-03/04 are covered below; IPC-01's failure is its own probe
     assert set(audit.BY_ID) - probed == {"ID-02", "ID-03", "ID-04", "IPC-01"}
+
+
+def test_cell_a_arriving_at_cell_b_is_net_02s_failure_not_the_doors(facts):
+    facts["a"]["tcp"]["cell_b"] = "connected: hello"
+    facts["guest"]["b_listener_seen"] = [facts["slot_a"]["address"]]
+    assert not_passing(audit.judge(facts)) == {"NET-02": "fail"}
 
 
 def test_a_dropped_capability_in_a_set_fails_that_set(facts):
@@ -501,6 +506,26 @@ def test_the_counter_proof_passes_only_when_the_runs_beside_it_pass(before, afte
     assert (rep["verdict"], rep["exit"]) == expected
     md = counterproof.to_markdown(rep)
     assert md.count("| x") == len(loosenings)
+
+
+def test_the_snapshot_keys_are_what_chv_browser_returns():
+    """BRW-04's allow-list against chv-browser's source: the keys of the
+    dict _describe returns and those op_open adds."""
+    import ast
+
+    from testpaths import BROWSER_FILES
+
+    with open(os.path.join(BROWSER_FILES, "chv_browser", "server.py")) as fh:
+        tree = ast.parse(fh.read())
+    funcs = dict((f.name, f) for f in ast.walk(tree) if isinstance(f, ast.AsyncFunctionDef))
+    keys = set()
+    for node in ast.walk(funcs["_describe"]):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Dict):
+            keys |= set(k.value for k in node.value.keys)
+    for node in ast.walk(funcs["op_open"]):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript):
+            keys.add(node.targets[0].slice.value)
+    assert keys == audit.SNAPSHOT_KEYS
 
 
 def test_the_probe_reports_errno_names_not_exit_codes(tmp_path):

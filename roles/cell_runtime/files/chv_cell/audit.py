@@ -49,8 +49,9 @@ SHOTS_DIR = "/run/chv-shots"  # chv-browser's screenshots, a directory per slot 
 RAW_MARKER = "chv-audit-raw-html"
 PAGE = ("<!doctype html><html><head><title>chv-audit</title></head><body><h1>chv-audit</h1>"
         "<!-- %s --><script>var raw = '%s';</script></body></html>" % (RAW_MARKER, RAW_MARKER))
-# what chv-browser's open returns to a cell (roles/browser: server.py), and nothing else
-SNAPSHOT_KEYS = frozenset(["title", "url", "aria_snapshot", "truncated"])
+# what chv-browser's open returns to a cell (roles/browser: chv_browser/server.py, Engine.op_open and
+# _describe; tests/unit/cell_runtime/test_audit.py compares the two), and nothing else
+SNAPSHOT_KEYS = frozenset(["title", "url", "aria_snapshot", "truncated", "status"])
 
 
 # ------------------------------------------------------------- the catalog
@@ -439,8 +440,8 @@ BRW_CASES = ("BRW-01", "BRW-02", "BRW-03", "BRW-04")
 def _judge_brw(facts, a, g):
     br = a.get("browser")
     if br is None or br.get("allowed") is None:
-        return dict((cid, skip("--allow-url URL, a page cells may open through chv-browser (and chv-broker's "
-                                "client)")) for cid in BRW_CASES)
+        why = "--allow-url URL, a page cells may open through chv-browser (and chv-broker's client)"
+        return dict((cid, skip(why)) for cid in BRW_CASES)
     ctl = _answer(br["allowed"]) or {}
     if "unknown or disabled op" in str(ctl.get("error", "")):
         return dict((cid, skip("chv-browser (this guest's broker has no browser op)")) for cid in BRW_CASES)
@@ -475,6 +476,8 @@ def _judge_brw(facts, a, g):
     if "cell_b" in br["denied"]:
         ok, ev = refused(["cell_b"])
         reached = g.get("b_listener_seen")
+        if reached is not None:
+            reached = [peer for peer in reached if peer != cell_a]  # cell A's own arrival is NET-02's
         b_ok = (facts.get("b") or {}).get("self", "").startswith("connected")
         out["BRW-03"] = pair(ok and reached == [] and moved.get("drop_door_to_cell", 0) > 0,
                              "%s; reached cell B: %s; drop_door_to_cell +%d"

@@ -27,7 +27,8 @@ export ANSIBLE_FORCE_COLOR := 0
 export PY_COLORS := 0
 export ANSIBLE_NOCOLOR := 1
 
-SYS_PACKAGES := systemd-container mmdebstrap nftables iproute2 zstd openssh-client util-linux tar python3-venv \
+# sudo: the executor's path (tests/integration/cells runs chv-cell as a plain user through it)
+SYS_PACKAGES := systemd-container mmdebstrap nftables iproute2 zstd openssh-client util-linux tar python3-venv sudo \
                 chromium fonts-dejavu-core libatomic1
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml

@@ -51,7 +51,7 @@ LANE_lab := lab-tests
 LANES := host guests1 guests2 lab
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help sysdeps venv venv312 browser-venv devcoll lint sanity units integration $(INTEGRATION:%=integration-%) \
+.PHONY: fuzz help sysdeps venv venv312 browser-venv devcoll lint sanity units integration $(INTEGRATION:%=integration-%) \
         lab-tests molecule $(SCENARIOS:%=molecule-%) test test-leg312 $(LANES:%=lane-%) \
         demo lab-down build install-check bench lock clean
 
@@ -60,6 +60,7 @@ help:
 	@echo "make test      lint, sanity, unit, integration, lab and Molecule tests (both Python legs), in four lanes"
 	@echo "make lab-down  destroy the demo lab"
 	@echo "make bench     benchmarks (not tests)"
+	@echo "make fuzz      the long fuzz run of the request parsers and the policy validator (102,000 inputs)"
 
 sysdeps:
 	@missing=""; for p in $(SYS_PACKAGES); do \
@@ -193,6 +194,13 @@ lab-down: venv
 
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; $(VENV)/bin/python $$b; done
+
+# The long fuzz run of docs/reliability.md: 34,000 generated inputs per
+# target (chv-broker, chv-browser, the policy validator), 102,000 in all;
+# make test runs the same tests with 3,400 per target (tests/unit).
+fuzz: venv
+	cd $(ROOT) && CHV_FUZZ_EXAMPLES=34000 $(VENV)/bin/python -m pytest tests/unit/test_protocol_fuzz.py -q -p no:cacheprovider
+	@cat $(BUILD)/fuzz-counts.json; echo
 
 # Regenerate the lock files from requirements/toolchain.in.
 lock:

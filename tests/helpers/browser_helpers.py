@@ -25,7 +25,21 @@ from testpaths import BROWSER_FILES as FILES
 
 sys.path.insert(0, FILES)
 
+from chv_browser import server as _server  # noqa: E402
 from chv_browser import wire  # noqa: E402
+
+
+class Recorder(_server.Engine):
+    """A real Engine, never started: ``submit`` records (handler, slot,
+    checked arguments) instead of driving chromium."""
+
+    def __init__(self):
+        super().__init__(dict(_server.DEFAULTS))
+        self.calls = []
+
+    def submit(self, op, slot, *args):
+        self.calls.append((op, slot) + args)
+        return "submitted"
 
 CHROMIUM = "/usr/bin/chromium"
 PY = os.environ.get("CHV_BROWSER_PYTHON", sys.executable)

@@ -8,19 +8,9 @@ import os
 
 import pytest
 
-from browser_helpers import FILES
+from browser_helpers import FILES, Recorder
 from testpaths import ROOT
 from chv_browser import policy, protocol, server
-
-
-class Recorder(server.Engine):
-    def __init__(self):
-        super().__init__(dict(server.DEFAULTS))
-        self.calls = []
-
-    def submit(self, op, slot, *args):
-        self.calls.append((op, slot) + args)
-        return "submitted"
 
 
 @pytest.fixture

@@ -315,3 +315,12 @@ def test_agent_keys_refused(raw_policy, extra, expected):
 def test_agent_aliases_allowed(raw_policy, aliases):
     raw_policy.update(AGENT, workspace_aliases=aliases)
     assert policymod.validate(raw_policy) == []
+
+
+@pytest.mark.parametrize("state_dir", [None, 7, "relative", ["/run/x"]])
+def test_a_state_dir_that_is_not_a_path_is_reported_not_a_crash(raw_policy, state_dir):
+    """Found by the fuzz run (tests/unit/test_protocol_fuzz.py): the binds'
+    check compared paths against state_dir before its type was checked."""
+    raw_policy["state_dir"] = state_dir
+    errors = policymod.validate(raw_policy)
+    assert any(e.startswith("state_dir: ") for e in errors), errors

@@ -46,7 +46,8 @@ NOT_COUNTER_PROVABLE = {
     "FS-08": "as FS-07: /etc is the cell's own copy, and guest root's files are not the cell root's",
     "FS-09": "as FS-07, for every trusted file",
     "ID-01": "the launcher always maps the slot's uid range; no policy runs a cell as guest root",
-    "ID-02": "the policy check refuses two slots with overlapping uid ranges",
+    "ID-02": "the policy check refuses partly overlapping uid ranges; identical ones (the shared-uid mode) would "
+             "need slot B's workspace re-owned for the run",
     "ID-05": "the policy check refuses no_new_privileges: false",
     "ID-06": "the policy check refuses a syscall_deny without the io_uring calls (the floor)",
     "ID-08": "the policy check refuses a drop_capabilities without CAP_SYS_ADMIN (the floor)",

@@ -212,7 +212,8 @@ def _check_binds(name, binds, errors, state_dir):
             continue
         if not isinstance(b.get("optional", False), bool):
             errors.append("%s: optional must be a boolean" % where)
-        for protected in PROTECTED_PATHS + (state_dir,):
+        # a state_dir that is not a clean absolute path is reported on its own (validate)
+        for protected in PROTECTED_PATHS + ((state_dir,) if _is_abs_clean(state_dir) else ()):
             if is_under(protected, src_check) or is_under(src_check, protected):
                 errors.append("%s: source %s would expose %s inside the cell" % (where, src, protected))
         if tgt_check in ("/etc", "/usr", "/proc", "/sys", "/dev", "/run"):

@@ -41,6 +41,7 @@ class Recorder(_server.Engine):
         self.calls.append((op, slot) + args)
         return "submitted"
 
+
 CHROMIUM = "/usr/bin/chromium"
 PY = os.environ.get("CHV_BROWSER_PYTHON", sys.executable)
 

@@ -440,6 +440,18 @@ def test_a_loosening_this_guest_cannot_show_says_why(policy, tmp_path):
     assert "one slot" in by_name["NET-02"].needs(ctx)
 
 
+def test_a_loosening_whose_cases_were_skipped_before_is_not_applicable(policy, tmp_path):
+    """A guest without chv-browser skips the BRW cases: loosening the door
+    rules cannot make them fail, so they are not applicable, not unproven."""
+    by_name = dict((lo.name, lo) for lo in counterproof.LOOSENINGS)
+    before = _rep({"BRW-01": "skip", "BRW-02": "skip", "BRW-03": "skip", "BRW-04": "skip"})
+    ctx = _ctx(policy, tmp_path)
+    assert counterproof.not_applicable(by_name["BRW-01"], ctx, before) == "skipped in the run before: p BRW-01"
+    assert counterproof.not_applicable(by_name["NET-02"], ctx, before) is None
+    ctx["opts"]["allow_url"] = None
+    assert "--allow-url" in counterproof.not_applicable(by_name["BRW-03"], ctx, _rep({}))
+
+
 def test_readable_by_others_follows_every_directory():
     import pathlib
     import tempfile

@@ -601,3 +601,42 @@ def test_bad_audit_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_po
     path.write_text(json.dumps(raw_policy))
     assert cli.main(["--policy", str(path), "audit"] + extra, euid=0) == runner.EXIT_CONFIG
     assert needle in capsys.readouterr().err
+
+
+def test_the_counter_proof_runs_before_each_loosening_and_after(monkeypatch, raw_policy, tmp_path):
+    """The flow, with the cell runs and nft replaced: the whole catalog
+    once (as asked, --strict-skips included), one cells-only run per
+    loosening that applies (never strict: the lifecycle cases are not run
+    there), the cells again; a rule nft refuses is an error, not a crash."""
+    raw_policy["state_dir"] = str(tmp_path)
+    raw_policy["drop_capabilities"] = sorted(policymod.REQUIRED_DROPPED_CAPS | {policymod.USERNS_GUARD_CAP,
+                                                                                "CAP_SYS_NICE"})
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(raw_policy))
+    runs = []
+
+    def fake_run(policy_path, opts):
+        runs.append(opts)
+        return dict(_rep({}), verdict="passed", exit=0, header={"guest": "g1"},
+                    counts={"pass": len(audit.CASES), "fail": 0, "error": 0, "skip": 0})
+
+    def refuse(pol, rules):
+        raise RuntimeError("nft insert rule %s: Error: No such file or directory" % rules[0][0])
+    monkeypatch.setattr(audit, "run", fake_run)
+    monkeypatch.setattr(counterproof, "insert_rules", refuse)
+    monkeypatch.setattr(counterproof, "remove_rules", lambda pol: 0)
+    opts = {"slot": None, "metadata_stand_in": True, "deny": [], "allow_url": "http://10.0.0.1:1/",
+            "strict_skips": True}
+    rep = counterproof.run(str(path), opts)
+    applicable = [lo for lo in counterproof.LOOSENINGS if lo.name not in [r["name"] for r in rep["not_applicable"]]]
+    # every loosening by ruleset was refused by the fake nft before its run
+    assert len(runs) == 1 + len([lo for lo in applicable if not lo.rules]) + 1
+    assert set(r["name"] for r in rep["loosenings"]) == set(lo.name for lo in applicable)
+    assert runs[0]["strict_skips"] is True and runs[0].get("lifecycle", True) is True
+    assert all(r["lifecycle"] is False and r["strict_skips"] is False for r in runs[1:])
+    by_name = dict((r["name"], r) for r in rep["loosenings"])
+    assert by_name["NET-03"]["verdict"] == "error" and "nft insert rule input" in by_name["NET-03"]["evidence"][
+        "loosening"]
+    assert by_name["ID-07"]["verdict"] == "not proven"  # the fake cells failed nothing
+    assert (rep["verdict"], rep["exit"]) == ("error", counterproof.EXIT_ERROR)
+    assert not [n for n in os.listdir(str(tmp_path)) if n.startswith("audit-policy-")]  # the copies are gone

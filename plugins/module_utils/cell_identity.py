@@ -1350,13 +1350,16 @@ def write_ledger_text(path, data, mode=0o600):
         os.close(fd)
         fd = None
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if fd is not None:
             os.close(fd)
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not exc.filename:
+            # os.write/fsync name no file: a full file system would read "[Errno 28] No space left on device"
+            raise OSError(exc.errno, 'writing the ledger failed: %s' % exc.strerror, path) from exc
         raise
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:

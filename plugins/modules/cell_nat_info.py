@@ -113,6 +113,12 @@ options:
         variables (the role passes C(cell_nat_)).
     type: str
     default: ''
+  ruleset_file:
+    description: The ruleset file chv-cell-nat.service loads (see RV(ruleset_applied)).
+    type: path
+  applied_copy:
+    description: Where chv-cell-nat.service keeps a copy of the ruleset it last loaded (see RV(ruleset_applied)).
+    type: path
 notes:
   - Uses C(ip) from iproute2 and, when installed, C(nft). Without C(nft) (fresh host in check
     mode) no conflicts can be listed and a warning says so.
@@ -180,6 +186,15 @@ table_loaded:
   returned: success
   type: bool
   sample: true
+ruleset_applied:
+  description:
+    - Whether the table is loaded and O(ruleset_file) is byte for byte O(applied_copy), the copy
+      chv-cell-nat.service keeps of the ruleset it last loaded. False when a run was interrupted
+      after writing the ruleset and before loading it (the reload it would have notified was
+      lost with it). True when either path is not given.
+  returned: success
+  type: bool
+  sample: true
 ip_forward:
   description: The host's net.ipv4.ip_forward now (C(/proc/sys/net/ipv4/ip_forward)), empty when unreadable.
   returned: success
@@ -243,6 +258,18 @@ def _ip_forward():
         return ""
 
 
+def _same_bytes(path, copy):
+    """Whether the ruleset file is the one chv-cell-nat.service last loaded
+    (the unit keeps a copy of what it loaded); without the two paths, true."""
+    if not path or not copy:
+        return True
+    try:
+        with open(path, "rb") as a, open(copy, "rb") as b:
+            return a.read() == b.read()
+    except (OSError, IOError):
+        return False
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -258,6 +285,8 @@ def main():
             ifname_prefix=dict(type="str", default="chvh"),
             door_dir=dict(type="path", default=""),
             var_prefix=dict(type="str", default=""),
+            ruleset_file=dict(type="path"),
+            applied_copy=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -320,6 +349,7 @@ def main():
         conflict_messages=messages,
         nft_available=bool(nft),
         table_loaded=loaded,
+        ruleset_applied=loaded and _same_bytes(p["ruleset_file"], p["applied_copy"]),
         ip_forward=_ip_forward(),
         ruleset=data,
     )

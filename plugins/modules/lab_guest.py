@@ -20,8 +20,13 @@ description:
   - With I(state=absent) stops the guest (orderly poweroff, then SIGKILL) and
     removes its processes, cgroups, veth, mounts, nspawn propagation
     directory and root directory; it fails if anything is left.
+  - With I(state=rebooted) powers a running guest off (as I(state=absent)
+    does) but keeps its root file system, then boots that root again with the
+    same veth, addresses and cgroups: what a guest keeps across a reboot
+    (files) stays, what it loses (processes, /run, the kernel's network and
+    firewall state) is gone. It fails when the guest was never created.
   - A guest that does not come up is reported with the tail of its console
-    and removed.
+    and removed (with I(state=rebooted), left stopped, its root kept).
   - Part of the local test lab (C(chv.fleet.lab_up)); runs on the lab host as root.
 author:
   - chv.fleet maintainers (@chv-fleet)
@@ -46,7 +51,7 @@ options:
   state:
     description: Whether the guest should run.
     type: str
-    choices: [started, absent]
+    choices: [started, absent, rebooted]
     default: started
   lab_dir:
     description: Directory of the lab's guests and state files.
@@ -111,7 +116,7 @@ leader:
   type: int
 boot_seconds:
   description: Seconds from spawning nspawn to sshd accepting connections.
-  returned: when booted by this run
+  returned: when booted by this run (started or rebooted)
   type: float
 left_behind:
   description: What removal could not clean up (the module fails when not empty).
@@ -189,6 +194,15 @@ class Guest(object):
         return left
 
     def destroy(self):
+        self.stop()
+        if os.path.isdir(self.dir):
+            for mp in lab.mounts_under(self.dir):
+                self.m.run_command(["umount", "-l", mp])
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop(self):
+        """Power the guest off and remove what it holds on the lab host (processes,
+        cgroups, veth, nspawn's propagation directory); its directory stays."""
         pid = self.read_state().get("pid")
         if pid:
             lab.stop_pids([pid])
@@ -206,10 +220,6 @@ class Guest(object):
                 pass
         if os.path.exists("/sys/class/net/" + self.ifname):
             self.m.run_command(["ip", "link", "del", self.ifname])
-        if os.path.isdir(self.dir):
-            for mp in lab.mounts_under(self.dir):
-                self.m.run_command(["umount", "-l", mp])
-            shutil.rmtree(self.dir, ignore_errors=True)
         prop = os.path.join(lab.PROPAGATE_DIR, self.name)
         if os.path.lexists(prop):
             shutil.rmtree(prop, ignore_errors=True)
@@ -241,6 +251,8 @@ class Guest(object):
         p = self.m.params
         nspawn = self.m.get_bin_path("systemd-nspawn", required=True)
         pid_file = os.path.join(self.dir, "nspawn.pid")
+        if os.path.exists(pid_file):
+            os.unlink(pid_file)  # the previous boot's (state=rebooted)
         script = ('exec >"$1" 2>&1 </dev/null; shift; '
                   'for cg in $CHV_LAB_CGROUPS; do mkdir -p "$cg" && echo $$ > "$cg/cgroup.procs" || exit 97; done; '
                   'echo $$ > "$CHV_LAB_PIDFILE"; exec "$@"')
@@ -317,7 +329,7 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             lab=dict(type="str", required=True),
-            state=dict(type="str", default="started", choices=["started", "absent"]),
+            state=dict(type="str", default="started", choices=["started", "absent", "rebooted"]),
             lab_dir=dict(type="path", required=True),
             image=dict(type="path"),
             address=dict(type="str"),
@@ -328,7 +340,8 @@ def main():
             nameservers=dict(type="list", elements="str", default=[]),
             boot_timeout=dict(type="int", default=60),
         ),
-        required_if=[("state", "started", ("image", "address", "host_address", "authorized_key"))],
+        required_if=[("state", "started", ("image", "address", "host_address", "authorized_key")),
+                     ("state", "rebooted", ("address", "host_address"))],
         supports_check_mode=True,
     )
     try:
@@ -350,21 +363,31 @@ def main():
             module.fail_json(msg="guest %s could not be removed completely" % guest.name, left_behind=left)
         module.exit_json(changed=True, left_behind=[])
 
+    rebooted = module.params["state"] == "rebooted"
+    if rebooted and not os.path.isdir(guest.root):
+        module.fail_json(msg="guest %s has no root file system in %s to reboot" % (guest.name, guest.dir))
     pid = guest.running_pid()
-    if pid:
+    if pid and not rebooted:
         module.exit_json(changed=False, pid=pid, leader=guest.leader(pid))
     if module.check_mode:
         module.exit_json(changed=True)
-    guest.destroy()  # remnants of a guest that died
+    if rebooted:
+        guest.stop()
+    else:
+        guest.destroy()  # remnants of a guest that died
     start = time.monotonic()
     try:
-        guest.prepare_root()
+        if not rebooted:
+            guest.prepare_root()
         pid = guest.boot()
         leader = guest.configure_network(pid)
         guest.wait_ssh(pid)
     except (lab.LabError, OSError) as exc:
         console = lab.tail(guest.console)
-        guest.destroy()
+        if rebooted:
+            guest.stop()
+        else:
+            guest.destroy()
         module.fail_json(msg="guest %s failed to boot: %s" % (guest.name, exc), console_tail=console,
                          left_behind=guest.remnants())
     module.exit_json(changed=True, pid=pid, leader=leader, boot_seconds=round(time.monotonic() - start, 2))

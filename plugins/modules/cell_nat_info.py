@@ -116,8 +116,10 @@ options:
   ruleset_file:
     description: The ruleset file chv-cell-nat.service loads (see RV(ruleset_applied)).
     type: path
-  applied_copy:
-    description: Where chv-cell-nat.service keeps a copy of the ruleset it last loaded (see RV(ruleset_applied)).
+  applied_digests:
+    description:
+      - Where chv-cell-nat.service writes the sha256sum lines of the files it last loaded, O(ruleset_file)
+        and the C(*.nft) drop-ins of O(door_dir) (see RV(ruleset_applied)).
     type: path
 notes:
   - Uses C(ip) from iproute2 and, when installed, C(nft). Without C(nft) (fresh host in check
@@ -188,10 +190,10 @@ table_loaded:
   sample: true
 ruleset_applied:
   description:
-    - Whether the table is loaded and O(ruleset_file) is byte for byte O(applied_copy), the copy
-      chv-cell-nat.service keeps of the ruleset it last loaded. False when a run was interrupted
-      after writing the ruleset and before loading it (the reload it would have notified was
-      lost with it). True when either path is not given.
+    - Whether the table is loaded and O(ruleset_file) and the drop-ins of O(door_dir) are the files
+      chv-cell-nat.service last loaded (O(applied_digests)). False when a run was interrupted after
+      writing one of them and before loading it (the reload it would have notified was lost with
+      it). True when O(ruleset_file) or O(applied_digests) is not given.
   returned: success
   type: bool
   sample: true
@@ -229,6 +231,8 @@ ruleset:
       type: bool
 """
 
+import glob
+import hashlib
 import json
 import os
 
@@ -258,15 +262,27 @@ def _ip_forward():
         return ""
 
 
-def _same_bytes(path, copy):
-    """Whether the ruleset file is the one chv-cell-nat.service last loaded
-    (the unit keeps a copy of what it loaded); without the two paths, true."""
-    if not path or not copy:
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(65536), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def ruleset_applied(ruleset_file, door_dir, digests_path):
+    """Whether the files nft loads (the ruleset and the door drop-ins it
+    includes) are those chv-cell-nat.service last loaded: it writes their
+    sha256sum lines to digests_path when it has loaded them. Without the
+    two paths, true."""
+    if not ruleset_file or not digests_path:
         return True
     try:
-        with open(path, "rb") as a, open(copy, "rb") as b:
-            return a.read() == b.read()
-    except (OSError, IOError):
+        with open(digests_path, "r") as handle:
+            loaded = dict(reversed(line.rstrip("\n").split("  ", 1)) for line in handle if "  " in line)
+        paths = [ruleset_file] + (sorted(glob.glob(os.path.join(door_dir, "*.nft"))) if door_dir else [])
+        return loaded == dict((path, _sha256(path)) for path in paths)
+    except (OSError, IOError, ValueError):
         return False
 
 
@@ -286,7 +302,7 @@ def main():
             door_dir=dict(type="path", default=""),
             var_prefix=dict(type="str", default=""),
             ruleset_file=dict(type="path"),
-            applied_copy=dict(type="path"),
+            applied_digests=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -349,7 +365,7 @@ def main():
         conflict_messages=messages,
         nft_available=bool(nft),
         table_loaded=loaded,
-        ruleset_applied=loaded and _same_bytes(p["ruleset_file"], p["applied_copy"]),
+        ruleset_applied=loaded and ruleset_applied(p["ruleset_file"], p["door_dir"], p["applied_digests"]),
         ip_forward=_ip_forward(),
         ruleset=data,
     )

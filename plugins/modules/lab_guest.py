@@ -22,7 +22,7 @@ description:
     directory and root directory; it fails if anything is left.
   - With I(state=rebooted) powers a running guest off (as I(state=absent)
     does) but keeps its root file system, then boots that root again with the
-    same veth, addresses and cgroups: what a guest keeps across a reboot
+    same veth, addresses and cgroups. What a guest keeps across a reboot
     (files) stays, what it loses (processes, /run, the kernel's network and
     firewall state) is gone. It fails when the guest was never created.
   - A guest that does not come up is reported with the tail of its console

@@ -39,22 +39,35 @@ Operations (protocol.BROWSER_ACTIONS, shared with chv-broker): open(url),
 snapshot, screenshot(name), close; each is carried out by Engine.op_<action>.  Nothing else:
 no evaluate, no page content or DOM, no downloads, no DevTools endpoint
 (Playwright talks to chromium over a pipe, never a port).
+
+Screenshots: each slot keeps at most shots_keep screenshots and
+shots_max_bytes bytes in <shots_dir>/<slot> (policy.shots_to_prune).
+Before a screenshot is written, the slot's oldest ones (by mtime) are
+removed to leave room for it: at most shots_keep - 1 others and
+shots_max_bytes minus its size, so with it the slot is within both limits
+(one larger than shots_max_bytes alone is kept, alone).  A screenshot that
+replaces one of the same name takes its place.  Only files chv-browser
+may have written there count (regular <name>.png files it owns).  A write that fails (no space left on the device, a disk quota, any
+OSError) leaves no temporary file behind and is answered with an error
+naming the screenshot's path (ShotNotSaved); the service goes on serving.
 """
 import argparse
 import asyncio
 import concurrent.futures
+import errno
 import grp
 import importlib.metadata
 import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
 
 from . import wire
-from .policy import FIELD_CHECKS, Refused, check_slot, truncate, url_allowed
+from .policy import FIELD_CHECKS, Refused, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed
 from .protocol import BROWSER_ACTIONS, audit, handlers, known
 
 DEFAULTS = {
@@ -62,6 +75,8 @@ DEFAULTS = {
     "socket_group": "",
     "shots_dir": "/run/chv-shots",
     "shots_cell_dir": "/run/chv/shots",
+    "shots_keep": 20,
+    "shots_max_bytes": 8 * 1024 * 1024,
     "executable_path": "/usr/bin/chromium",
     "chromium_sandbox": True,
     "chromium_args": ["--headless", "--disable-gpu", "--disable-background-networking",
@@ -89,6 +104,15 @@ def load_config(path):
     return cfg
 
 
+def config_problem(cfg):
+    """What is wrong with the configuration's values that the service checks itself, or None."""
+    for key in ("shots_keep", "shots_max_bytes"):
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return "%s must be an integer of at least 1, not %s" % (key, json.dumps(value))
+    return None
+
+
 def playwright_mismatch(expected, installed=lambda: importlib.metadata.version("playwright")):
     """Why the venv's Playwright is not the version the role installed
     (the configuration's playwright_version; empty: not pinned, no check),
@@ -110,6 +134,46 @@ def _log(**fields):
 
 class DeadlineExceeded(Exception):
     """A request was not answered within request_timeout; the message goes back to the cell."""
+
+
+class ShotNotSaved(Exception):
+    """Writing a screenshot failed (e.g. no space left); the message goes back to the cell."""
+
+
+def shot_error(exc, cell_path, host_dir):
+    """The reply's message for an OSError that kept a screenshot from being written."""
+    if exc.errno == errno.ENOSPC:
+        why = "no space left on device"
+    elif exc.errno == errno.EDQUOT:
+        why = "no space left: disk quota exceeded"
+    else:
+        why = exc.strerror or type(exc).__name__
+    return "screenshot %s not saved: %s (host directory %s)" % (cell_path, why, host_dir)
+
+
+def list_shots(directory):
+    """(name, size, mtime) of the screenshots chv-browser wrote in ``directory``: the regular
+    files it owns whose names it gives screenshots (policy.is_shot_file)."""
+    shots = []
+    uid = os.geteuid()
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not is_shot_file(entry.name):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                shots.append((entry.name, st.st_size, st.st_mtime))
+    return shots
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 # seconds a context.close() may take before it is given up on (logged); chromium is not waited for forever
@@ -370,23 +434,51 @@ class Engine:
     async def op_snapshot(self, slot):
         return await self._describe(await self._page(slot, create=False))
 
+    def _make_room(self, slot, directory, filename, incoming):
+        """Remove the slot's oldest screenshots so that one of ``incoming`` bytes written as
+        ``filename`` (replacing the one of that name, left out here) leaves the slot within its
+        quota (policy.shots_to_prune). Errors are logged, not raised: the write decides the answer."""
+        victim = directory
+        try:
+            shots = [shot for shot in list_shots(directory) if shot[0] != filename]
+            for victim in shots_to_prune(shots, self.cfg["shots_keep"], self.cfg["shots_max_bytes"],
+                                         incoming=incoming):
+                _unlink_quietly(os.path.join(directory, victim))
+        except OSError as exc:
+            _log(slot=slot, action="screenshot", verdict="error",
+                 reason="quota: %s not pruned: %s" % (victim, exc.strerror or type(exc).__name__))
+
     async def op_screenshot(self, slot, name):
         page = await self._page(slot, create=False)
         if not url_allowed(page.url):
             raise Refused("nothing to capture: no http/https page is open")
         png = await page.screenshot(type="png", full_page=False)
         d = os.path.join(self.cfg["shots_dir"], slot)
-        os.makedirs(d, exist_ok=True)
-        # the service's umask is 0077; screenshots (only) are for the cell's mapped uids to read
-        os.chmod(d, 0o755)
-        tmp = os.path.join(d, ".%s.png.tmp" % name)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(png)
-        os.replace(tmp, os.path.join(d, name + ".png"))
+        filename = name + ".png"
         # the cell sees only its own directory, bound read-only at shots_cell_dir
-        return {"path": os.path.join(self.cfg["shots_cell_dir"], name + ".png"), "bytes": len(png)}
+        cell_path = os.path.join(self.cfg["shots_cell_dir"], filename)
+        tmp = os.path.join(d, ".%s.tmp" % filename)
+        try:
+            os.makedirs(d, exist_ok=True)
+            # the service's umask is 0077; screenshots (only) are for the cell's mapped uids to read
+            os.chmod(d, 0o755)
+            self._make_room(slot, d, filename, len(png))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                os.fchmod(fd, 0o644)
+                view = memoryview(png)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.replace(tmp, os.path.join(d, filename))
+        except OSError as exc:
+            try:
+                _unlink_quietly(tmp)
+            except OSError:
+                pass  # the error below is the answer; the next screenshot of that name truncates it
+            raise ShotNotSaved(shot_error(exc, cell_path, d)) from None
+        return {"path": cell_path, "bytes": len(png)}
 
     async def op_close(self, slot):
         return {"closed": await self._close_slot(slot)}
@@ -437,7 +529,7 @@ class Server:
             except (wire.WireError, Refused) as exc:
                 reply = wire.err(exc)
                 fields.update(verdict="refused", reason=str(exc)[:300])
-            except DeadlineExceeded as exc:
+            except (DeadlineExceeded, ShotNotSaved) as exc:
                 reply = wire.err(exc)
                 fields.update(verdict="error", reason=str(exc)[:300])
             except Exception as exc:  # Playwright errors (timeouts, DNS, ...) are answers, not crashes
@@ -489,7 +581,7 @@ def main(argv=None):
     ap.add_argument("--config", default="/etc/chv-fleet/browser.json")
     args = ap.parse_args(argv)
     cfg = load_config(args.config if os.path.exists(args.config) else None)
-    mismatch = playwright_mismatch(cfg["playwright_version"])
+    mismatch = config_problem(cfg) or playwright_mismatch(cfg["playwright_version"])
     if mismatch:
         _log(verdict="refused-start", reason=mismatch)
         return 1

@@ -10,7 +10,8 @@ import os
 import subprocess
 import sys
 
-from browser_helpers import FILES  # noqa: F401  # pylint: disable=unused-import  (puts chv_browser on sys.path)
+# browser_helpers puts chv_browser on sys.path
+from browser_helpers import FILES  # noqa: F401  # pylint: disable=unused-import
 from testpaths import ROOT
 from chv_browser import server
 

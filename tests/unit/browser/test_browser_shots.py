@@ -14,7 +14,8 @@ import socket
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from browser_helpers import FILES  # noqa: F401  # pylint: disable=unused-import  (puts chv_browser on sys.path)
+# browser_helpers puts chv_browser on sys.path
+from browser_helpers import FILES  # noqa: F401  # pylint: disable=unused-import
 from chv_browser import policy, server, wire
 
 SLOT = "slot0"

@@ -26,8 +26,8 @@ def repos(host, slots):
         r = in_cell(host, slot, ["sh", "-c", "cd /workspace && rm -rf repo && " + GIT_INIT])
         assert r.rc == 0, r.stderr
     with host.sudo():
-        host.run_test("install -m 0600 -o root -g root /dev/null %s && printf '%%s\\n' %s > %s",
-                      CREDENTIALS, shlex.quote("https://agent:%s@git.example.invalid" % SECRET), CREDENTIALS)
+        host.run_expect([0], "install -m 0600 -o root -g root /dev/null %s && printf '%%s\\n' %s > %s",
+                             CREDENTIALS, shlex.quote("https://agent:%s@git.example.invalid" % SECRET), CREDENTIALS)
     yield slots[:2]
     with host.sudo():
         host.run("rm -f %s" % CREDENTIALS)
@@ -43,8 +43,8 @@ def _audit(host, since):
 def live_cell(host, slots):
     """A cell of the first slot that stays up (its uid range is then a live one)."""
     host.run("systemctl stop chv-molecule-cell.service 2>/dev/null; systemctl reset-failed chv-molecule-cell.service 2>/dev/null")
-    host.run_test("systemd-run --unit=chv-molecule-cell chv-cell run --slot %s -- sleep 120", slots[0])
-    host.run_test("for i in $(seq 100); do test -s /run/chv-fleet/cells/%s.json && exit 0; sleep 0.1; done; exit 1", slots[0])
+    host.run_expect([0], "systemd-run --unit=chv-molecule-cell chv-cell run --slot %s -- sleep 120", slots[0])
+    host.run_expect([0], "for i in $(seq 100); do test -s /run/chv-fleet/cells/%s.json && exit 0; sleep 0.1; done; exit 1", slots[0])
     yield slots[0]
     host.run("systemctl stop chv-molecule-cell.service")
 

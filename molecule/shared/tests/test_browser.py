@@ -102,8 +102,8 @@ def test_evaluate_and_file_urls_are_refused(host, pages, slots, from_cell):
 
 def test_playwright_and_chromium_are_not_reachable_from_a_cell(host):
     # control: on the guest, the service's venv imports playwright and chromium is there
-    host.run_test("/opt/chv-browser/venv/bin/python -c 'import playwright'")
-    host.run_test("test -x /usr/bin/chromium && test -d /usr/lib/chromium")
+    host.run_expect([0], "/opt/chv-browser/venv/bin/python -c 'import playwright'")
+    host.run_expect([0], "test -x /usr/bin/chromium && test -d /usr/lib/chromium")
     probe = ("import os, sys\n"
              "try:\n    import playwright\n    print('playwright imported')\n"
              "except ImportError as e:\n    print('import', type(e).__name__)\n"
@@ -128,7 +128,7 @@ def test_killed_browser_fails_the_request_then_recovers(host, pages, slots, from
         ["python3", CLIENT, '{"op": "browser", "action": "open", "url": "%sslow"}' % pages],
         "ss -tnH state established dst %s | grep -q ." % pages.split("/")[2])
     assert killed > 0 and "rc=1" in out and "browser unavailable" in out, out
-    host.run_test("for i in $(seq 100); do systemctl is-active -q chv-browser.service && exit 0; sleep 0.1; done; exit 1")
+    host.run_expect([0], "for i in $(seq 100); do systemctl is-active -q chv-browser.service && exit 0; sleep 0.1; done; exit 1")
     after = from_cell(slots[0], {"op": "browser", "action": "open", "url": pages})
     assert after.ok and 'heading "%s"' % HEADING in after.result["aria_snapshot"], after
     assert int(unit_value(host, "chv-browser.service", "NRestarts")) == before + 1
@@ -139,8 +139,8 @@ def test_a_stalled_page_in_one_slot_does_not_stall_another(host, outside, pages,
     asked = outside.requests.count("/slow")
     req = '{"op": "browser", "action": "open", "url": "%sslow"}' % pages
     host.run("systemctl stop chv-molecule-stall.service 2>/dev/null")
-    host.run_test("systemd-run --unit=chv-molecule-stall chv-cell run --slot %s -- python3 %s %s",
-                  slots[0], CLIENT, req)
+    host.run_expect([0], "systemd-run --unit=chv-molecule-stall chv-cell run --slot %s -- python3 %s %s",
+                         slots[0], CLIENT, req)
     try:
         for dummy in range(200):
             if outside.requests.count("/slow") > asked:

@@ -127,19 +127,19 @@ def doors(host, policy_slots, slots):
     with host.sudo():
         host.run("systemctl stop chv-molecule-target chv-molecule-cell1 2>/dev/null; rm -f %s", LOG)
         host.run("ip addr del %s/32 dev lo", META)
-        host.run_test("ip addr add %s/32 dev lo", META)
-        host.run_test("cp /etc/hosts /etc/hosts.chv-molecule && echo '127.0.0.1 %s' >> /etc/hosts", NAME)
-        host.run_test("systemd-run --unit=chv-molecule-target --collect python3 -c %s %s %s %s",
-                      TARGET, LOG, str(HTTP_PORT), str(TLS_PORT))
+        host.run_expect([0], "ip addr add %s/32 dev lo", META)
+        host.run_expect([0], "cp /etc/hosts /etc/hosts.chv-molecule && echo '127.0.0.1 %s' >> /etc/hosts", NAME)
+        host.run_expect([0], "systemd-run --unit=chv-molecule-target --collect python3 -c %s %s %s %s",
+                             TARGET, LOG, str(HTTP_PORT), str(TLS_PORT))
         cell_log = "/var/lib/chv-fleet/workspaces/%s/doors.log" % s1["name"]
         host.run("rm -f %s", cell_log)
-        host.run_test("systemd-run --unit=chv-molecule-cell1 --collect chv-cell run --slot %s -- "
-                      "python3 -c %s /workspace/doors.log %s 0", s1["name"], TARGET, str(CELL_PORT))
+        host.run_expect([0], "systemd-run --unit=chv-molecule-cell1 --collect chv-cell run --slot %s -- "
+                             "python3 -c %s /workspace/doors.log %s 0", s1["name"], TARGET, str(CELL_PORT))
         # controls: every target answers the guest itself (root, not a door UID)
         for url in ("http://127.0.0.1:%d/ready" % HTTP_PORT, "http://%s:%d/ready" % (META, HTTP_PORT),
                     "http://%s:%d/ready" % (s1["address"], CELL_PORT)):
-            host.run_test("for i in $(seq 100); do python3 -c %s && exit 0; sleep 0.1; done; exit 1",
-                          "import urllib.request; urllib.request.urlopen('%s', timeout=2)" % url)
+            host.run_expect([0], "for i in $(seq 100); do python3 -c %s && exit 0; sleep 0.1; done; exit 1",
+                                 "import urllib.request; urllib.request.urlopen('%s', timeout=2)" % url)
         host.run("rm -f %s %s", LOG, cell_log)
     try:
         yield {"guest": guest, "s0": s0, "s1": s1, "outside": outside, "tls_ok": tls_ok,
@@ -199,7 +199,7 @@ def test_browser_reaches_only_what_a_cell_may(host, doors, from_cell):
 def test_counter_proof_without_the_door_rules_the_probes_arrive(host, doors, from_cell):
     slot = doors["s0"]["name"]
     with host.sudo():
-        host.run_test("nft flush chain inet chv_cell output")
+        host.run_expect([0], "nft flush chain inet chv_cell output")
     try:
         for what, url in _browser_probes(doors):
             _open(from_cell, slot, url)
@@ -209,7 +209,7 @@ def test_counter_proof_without_the_door_rules_the_probes_arrive(host, doors, fro
         assert wait_for(lambda: expected <= set(_arrived(host, doors))), _arrived(host, doors)
     finally:
         with host.sudo():
-            host.run_test("systemctl reload chv-cell-nat.service")
+            host.run_expect([0], "systemctl reload chv-cell-nat.service")
             host.run("rm -f %s %s", LOG, doors["cell_log"])
     with host.sudo():
         assert "jump door_out" in host.check_output("nft list chain inet chv_cell output")
@@ -253,13 +253,13 @@ def test_launcher_refuses_without_the_table_and_runs_once_it_is_back(host, slots
     run = "chv-cell run --slot %s -- sh -c %s" % (slots[0], shlex.quote("touch %s" % MARKER))
     with host.sudo():
         host.run("rm -f %s", marker_path)
-        host.run_test("nft delete table inet chv_cell")
+        host.run_expect([0], "nft delete table inet chv_cell")
         try:
             refused = host.run(run)
             assert refused.rc == 125 and "table inet chv_cell" in refused.stderr, refused
             assert not host.file(marker_path).exists
         finally:
-            host.run_test("systemctl reload chv-cell-nat.service")
+            host.run_expect([0], "systemctl reload chv-cell-nat.service")
         ran = host.run(run)
         assert ran.rc == 0, ran.stderr
         assert host.file(marker_path).exists
@@ -287,7 +287,7 @@ def policy_variant(host):
     def make(name, **changes):
         path = "/etc/chv-fleet/molecule-%s.json" % name
         with host.sudo():
-            host.run_test("python3 -c %s %s %s", VARIANT, path, json.dumps(changes))
+            host.run_expect([0], "python3 -c %s %s %s", VARIANT, path, json.dumps(changes))
         made.append(path)
         return path
     yield make
@@ -363,16 +363,16 @@ def test_a_live_slot_is_not_released_and_a_forced_release_cuts_its_cell_off(host
 
     def probe(n):
         trigger = "%s/probe-%d" % (ws, n)
-        host.run_test("touch %s", trigger)
-        host.run_test("for i in $(seq 100); do test -s %s.out && exit 0; sleep 0.1; done; exit 1", trigger)
+        host.run_expect([0], "touch %s", trigger)
+        host.run_expect([0], "for i in $(seq 100); do test -s %s.out && exit 0; sleep 0.1; done; exit 1", trigger)
         return host.check_output("cat %s.out", trigger)
 
     with host.sudo():
         host.run("systemctl stop chv-molecule-cell1 chv-molecule-live 2>/dev/null; rm -f %s/probe-*", ws)
-        host.run_test("systemd-run --unit=chv-molecule-live --collect chv-cell run --slot %s -- python3 -c %s %s",
-                      s1["name"], loop, out)
-        host.run_test("for i in $(seq 100); do test -s /run/chv-fleet/cells/%s.json && exit 0; sleep 0.1; done; "
-                      "exit 1", s1["name"])
+        host.run_expect([0], "systemd-run --unit=chv-molecule-live --collect chv-cell run --slot %s -- python3 -c %s %s",
+                             s1["name"], loop, out)
+        host.run_expect([0], "for i in $(seq 100); do test -s /run/chv-fleet/cells/%s.json && exit 0; sleep 0.1; done; "
+                             "exit 1", s1["name"])
         pid = json.loads(host.file("/run/chv-fleet/cells/%s.json" % s1["name"]).content_string)["pid"]
         try:
             assert probe(0) == "ok"  # control: the live cell reaches the outside

@@ -52,7 +52,7 @@ def executor(host):
     guest = lab_guest(host)
     outside = OutsideHTTP(guest["host_address"], OUT_PORT, {"/": (200, {}, html("Executor page", "<h1>hi</h1>"), 0)})
     with host.sudo():
-        host.run_test("install -d -m 0755 /app && cat > /app/host.py <<'EOF'\n%s\nEOF\nchmod 0644 /app/host.py" % HOST_PY)
+        host.run_expect([0], "install -d -m 0755 /app && cat > /app/host.py <<'EOF'\n%s\nEOF\nchmod 0644 /app/host.py" % HOST_PY)
     ssh = ["ssh", "-i", lab_record()["key"], "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "%s@%s" % (AGENT, guest["address"])]
     yield {"ssh": ssh, "url": outside.url + "/"}
@@ -142,7 +142,7 @@ def test_a_dropped_ssh_connection_frees_the_slot(host, executor):
     try:
         record = "/run/chv-fleet/cells/%s.json" % slot["name"]
         with host.sudo():
-            host.run_test("for i in $(seq 150); do test -s %s && exit 0; sleep 0.1; done; exit 1", record)
+            host.run_expect([0], "for i in $(seq 150); do test -s %s && exit 0; sleep 0.1; done; exit 1", record)
         proc.kill()                      # the executor's ssh dies: no tty, so no SIGHUP reaches the guest
         proc.wait()
         deadline = time.monotonic() + policy["stop_grace"] + 10

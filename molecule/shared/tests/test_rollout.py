@@ -84,9 +84,9 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
 
         def start_cell():
             host.run("rm -f %s/.drain-go %s", workspace, ended)
-            host.run_test(cell % (slot, ended))
-            host.run_test("for i in $(seq 100); do chv-cell status | grep -q '^%s .*running pid=' && exit 0; "
-                          "sleep 0.1; done; exit 1", slot)
+            host.run_expect([0], cell % (slot, ended))
+            host.run_expect([0], "for i in $(seq 100); do chv-cell status | grep -q '^%s .*running pid=' && exit 0; "
+                                 "sleep 0.1; done; exit 1", slot)
 
         config = host.check_output("sha256sum /etc/chv-fleet/broker.json")
         invocation = host.check_output("systemctl show -P InvocationID chv-broker.socket chv-broker.service")
@@ -102,7 +102,7 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
             out = short.stdout + short.stderr
             assert short.returncode != 0 and "did not drain within chv_fleet_drain_timeout=2 s" in out, out[-3000:]
             assert host.check_output("sha256sum /etc/chv-fleet/broker.json") == config
-            host.run_test("echo '# a code change to roll out' >> %s", module)
+            host.run_expect([0], "echo '# a code change to roll out' >> %s", module)
             drifted = host.check_output("sha256sum %s", module)
             short = run_roles(["chv.fleet.broker"], {"chv_fleet_drain_timeout": 2}, expect_ok=False)
             out = short.stdout + short.stderr
@@ -124,7 +124,7 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
                 if "RETRYING" in line and "Wait until no cell runs on the host before restarting chv-broker" in line:
                     break
             assert host.check_output("sha256sum %s", module) == drifted, "changed before the cell ended"
-            host.run_test("touch %s/.drain-go", workspace)
+            host.run_expect([0], "touch %s/.drain-go", workspace)
             lines += waiting.stdout.readlines()
             assert waiting.wait(timeout=600) == 0, "".join(lines)[-3000:]
         finally:

@@ -44,9 +44,9 @@ def test_remove_drains_then_leaves_the_guest_as_it_was(host):
     with host.sudo():
         before = json.loads(host.file(BEFORE).content_string)
         assert host.file("/etc/chv-fleet/cell-policy.json").exists  # control: converged
-        host.run_test("systemd-run --unit=chv-molecule-drain --collect chv-cell run -- sleep 300")
-        host.run_test("for i in $(seq 100); do chv-cell status | grep -q 'running pid=[0-9]*$' && exit 0; "
-                      "sleep 0.1; done; exit 1")
+        host.run_expect([0], "systemd-run --unit=chv-molecule-drain --collect chv-cell run -- sleep 300")
+        host.run_expect([0], "for i in $(seq 100); do chv-cell status | grep -q 'running pid=[0-9]*$' && exit 0; "
+                             "sleep 0.1; done; exit 1")
         try:
             proc, out = remove("-e", "chv_fleet_drain_timeout=4")
             assert proc.returncode != 0 and "did not drain within chv_fleet_drain_timeout=4 s" in out, out[-3000:]

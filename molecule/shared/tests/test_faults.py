@@ -1,0 +1,275 @@
+"""Faults a converged guest must survive (issue 15; docs/reliability.md).
+
+Each fault is followed by the proof that the boundary held: `chv-cell
+health` starts a real cell that pings the broker (its control: the cell ran
+and its door answers) and must have its connections to the guest's sshd and
+to its gateway dropped by the ruleset (the drop counters move). Where the
+launcher refuses to start the cell instead, that refusal is the proof, and
+its message must be the launcher's fail-closed check.
+
+- /run full while a cell takes screenshots: chv-browser replies an error
+  naming the lack of space, the same cell's next snapshot works, the guest
+  stays running;
+- the distribution's nftables.service restarted (its /etc/nftables.conf
+  starts with `flush ruleset`): while the table is gone the launcher refuses
+  every cell; chv-cell-nat.service (PartOf=nftables.service) puts it back;
+- the guest rebooted: the ledger is as it was, the ruleset and the
+  forwarding sysctl are in force before sshd accepts a login (before any
+  executor can start a cell), broker and browser answer, cells run, all
+  without Ansible;
+- converges SIGKILLed early (while the ledger module runs), in the middle of
+  cell_nat (after the ruleset file was written, before its reload) and
+  during the handlers (chv-broker's restart): in between, no cell starts
+  unisolated; the next converge completes, loads the ruleset the file holds
+  and restarts chv-broker if the killed run did not, the one after changes
+  nothing, and the ledger is byte for byte the same throughout.
+
+They run last (ends_the_guest): the reboot empties /run and the converges
+leave a deny entry of their own in the ruleset.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CLIENT, CONVERGE, LAB_ROOT, OutsideHTTP, html, inventory_argv, lab_guest, lab_record, \
+    only_in, run_converge, unit_value
+
+pytestmark = [only_in("trixie"), pytest.mark.ends_the_guest]
+
+LEDGER = "/var/lib/chv-fleet/identities.json"
+RULESET = "/etc/chv-fleet/nft/cell-nat.nft"
+LOADED = "/run/chv-cell-nat/loaded.sha256"  # what chv-cell-nat.service loaded (sha256sum lines)
+PORT = 18760
+FILLER = "/run/chv-faults-filler"
+MARKER = "/run/chv-fleet/chv-broker.restart-pending"  # a restart of chv-broker owed (roles/broker/vars/main.yml)
+
+
+def health(host):
+    """chv-cell health from a real cell. Returns (ran, checks by name, the report)."""
+    address = lab_guest(host)["address"]
+    with host.sudo():
+        r = host.run("chv-cell health --json --timeout 60 --unit chv-cell-nat.service --broker-client %s "
+                     "--deny %s:22", CLIENT, address)
+    try:
+        body = json.loads(r.stdout)
+    except ValueError:
+        raise AssertionError(r)
+    checks = {c["check"]: c for c in body["checks"]}
+    return checks["cell runs"]["ok"], checks, body
+
+
+def assert_isolated_or_refused(host, when):
+    """The cell either ran with every refusal in force (and its broker ping as
+    the control), or the launcher refused to start it (fail closed)."""
+    ran, checks, body = health(host)
+    if not ran:
+        assert "refusing to start the cell" in checks["cell runs"]["detail"], (when, body)
+        return "refused"
+    refused = [c for name, c in checks.items() if name.startswith("refused")]
+    assert checks["broker ping"]["ok"], (when, body)
+    assert len(refused) >= 3 and all(c["ok"] for c in refused), (when, body)
+    return "isolated"
+
+
+def sha256(host, path):
+    with host.sudo():
+        return host.check_output("sha256sum %s", path).split()[0]
+
+
+@pytest.fixture(scope="module")
+def page(host):
+    server = OutsideHTTP(lab_guest(host)["host_address"], PORT,
+                         {"/": (200, {}, html("Faults page", "<h1>faults</h1>"), 0)})
+    yield server.url + "/"
+    server.close()
+
+
+def test_run_full_screenshot_fails_with_an_error_and_the_guest_keeps_working(host, slots, page):
+    slot = slots[0]
+    go = "/var/lib/chv-fleet/workspaces/%s/.faults-go" % slot
+    out = "/root/chv-faults-shots.out"
+
+    def req(body):
+        return "python3 %s '%s'; echo" % (CLIENT, json.dumps(body))
+
+    # one cell: open the page and take a screenshot (the control), wait until the guest has filled
+    # /run, then a screenshot (must fail) and a snapshot of the same page (must work)
+    script = "; ".join([
+        req({"op": "browser", "action": "open", "url": page}),
+        req({"op": "browser", "action": "screenshot", "name": "before"}),
+        "until test -e /workspace/.faults-go; do sleep 0.1; done",
+        req({"op": "browser", "action": "screenshot", "name": "full"}),
+        req({"op": "browser", "action": "snapshot"})])
+    with host.sudo():
+        size = host.check_output("findmnt -no SIZE -b /run")
+        host.run("systemctl stop chv-faults-shots")  # none, unless an earlier run of this test was cut short
+        host.run_expect([0], "rm -f %s %s", go, out)
+        host.run_expect([0], "systemd-run --unit=chv-faults-shots --collect sh -c %s",
+                             "chv-cell run --slot %s -- sh -c '%s' > %s 2>&1" % (slot, script.replace("'", "'\\''"), out))
+        host.run_expect([0], "for i in $(seq 300); do test $(grep -c '^{' %s 2>/dev/null || echo 0) -ge 2 && exit 0; "
+                             "sleep 0.1; done; exit 1", out)
+        try:
+            # /run shrunk to what it holds and 256 KiB, then filled to the last block
+            used = int(host.check_output("df --output=used -B1 /run | tail -1"))
+            host.run_expect([0], "mount -o remount,size=%s /run", str(used + 256 * 1024))
+            host.run("dd if=/dev/zero of=%s bs=4k 2>/dev/null", FILLER)
+            assert host.run("dd if=/dev/zero of=%s.more bs=4k count=1", FILLER).rc != 0
+            host.run_expect([0], "touch %s", go)
+            host.run_expect([0], "for i in $(seq 300); do systemctl is-active -q chv-faults-shots || exit 0; "
+                                 "sleep 0.1; done; exit 1")
+            assert host.run("systemctl is-system-running").stdout.strip() == "running"
+        finally:
+            host.run("rm -f %s %s.more %s", FILLER, FILLER, go)
+            host.run_expect([0], "mount -o remount,size=%s /run", size)
+        replies = [json.loads(line) for line in host.check_output("cat %s", out).splitlines()
+                   if line.startswith("{")]
+    assert len(replies) == 4, replies
+    opened, before, full, snapshot = replies
+    assert opened["ok"] and before["ok"] and before["result"]["bytes"] > 0, replies
+    assert not full["ok"] and "no space" in full["error"].lower(), full
+    assert snapshot["ok"] and snapshot["result"]["title"] == "Faults page", snapshot
+    with host.sudo():
+        shots = host.check_output("ls -A /run/chv-shots/%s", slot).split()
+    assert "before.png" in shots and not [s for s in shots if s.startswith(".") or s.startswith("full")], shots
+    assert assert_isolated_or_refused(host, "after /run was full") == "isolated"
+
+
+def test_nftables_restart_with_the_distribution_config_refuses_cells_until_the_table_is_back(host):
+    with host.sudo():
+        # the distribution's own configuration, as shipped: it flushes the whole ruleset
+        assert host.check_output("grep -c '^flush ruleset' /etc/nftables.conf") == "1"
+        assert host.run("dpkg --verify nftables").stdout.strip() == ""
+        loaded = host.check_output("nft -s list table inet chv_cell")
+        host.run_expect([0], "nft flush ruleset")  # what the restart does first
+        refused = assert_isolated_or_refused(host, "the table flushed")
+        host.run_expect([0], "systemctl restart nftables.service")
+        host.run_expect([0], "for i in $(seq 100); do nft list table inet chv_cell >/dev/null 2>&1 && "
+                             "systemctl is-active -q chv-cell-nat.service && exit 0; sleep 0.1; done; exit 1")
+        assert host.check_output("nft -s list table inet chv_cell") == loaded
+        assert host.check_output("nft list tables").split("\n") == ["table inet filter", "table inet chv_cell"]
+    assert refused == "refused"
+    assert assert_isolated_or_refused(host, "after nftables.service restarted") == "isolated"
+
+
+def test_a_reboot_keeps_the_ledger_and_restores_the_boundary_before_sshd_without_ansible(host):
+    guest = lab_guest(host)
+    record = lab_record()
+    ledger = sha256(host, LEDGER)
+    args = {"name": guest["name"], "lab": record["lab"], "lab_dir": str(LAB_ROOT / record["lab"]),
+            "state": "rebooted", "address": guest["address"], "host_address": guest["host_address"],
+            "ifname": guest["ifname"], "prefixlen": guest["prefixlen"]}
+    proc = subprocess.run(["ansible", "localhost", "-m", "chv.fleet.lab_guest", "-a", json.dumps(args)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and "CHANGED" in proc.stdout, proc.stdout + proc.stderr
+    with host.sudo():
+        host.run_expect([0], "for i in $(seq 300); do s=$(systemctl is-system-running); "
+                             "test \"$s\" = running -o \"$s\" = degraded && exit 0; sleep 0.1; done; exit 1")
+        assert host.check_output("systemctl is-system-running") == "running"
+        assert host.check_output("cat /proc/sys/net/ipv4/ip_forward") == "1"
+        units = ("chv-cell-nat.service", "systemd-sysctl.service", "ssh.service")
+        started = dict(zip(units, (int(host.check_output("systemctl show -P ActiveEnterTimestampMonotonic %s", u))
+                                   for u in units)))
+        assert host.run("sha256sum --quiet -c %s", LOADED).rc == 0 and RULESET in host.file(LOADED).content_string
+        for unit in ("chv-broker.socket", "chv-browser.socket"):
+            assert host.service(unit).is_running, unit
+    assert sha256(host, LEDGER) == ledger
+    # the ruleset and the forwarding setting were in force before sshd took a login
+    assert 0 < started["chv-cell-nat.service"] < started["ssh.service"], started
+    assert 0 < started["systemd-sysctl.service"] < started["ssh.service"], started
+    assert assert_isolated_or_refused(host, "after the reboot") == "isolated"
+
+
+def killed_converge(extra, trigger):
+    """The scenario's converge, SIGKILLed (ansible-playbook and its workers) as soon as a
+    line starting with `trigger` is printed. Returns the output up to then."""
+    proc = subprocess.Popen(["ansible-playbook"] + inventory_argv() + [str(CONVERGE), "-e", json.dumps(extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(trigger):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    out = "".join(lines)
+    assert lines and lines[-1].startswith(trigger), out[-3000:]
+    time.sleep(1)  # what the killed run had started on the guest ends (its module process, a reload)
+    return out
+
+
+def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_completes(host):
+    clock = [time.monotonic()]
+    phases = []
+
+    def lap(what):
+        phases.append("%s %.0f s" % (what, time.monotonic() - clock[0]))
+        clock[0] = time.monotonic()
+
+    name = host.backend.get_hostname()
+    # each changes the ruleset and chv-broker's configuration (a restart of it)
+    first = {"cell_nat_egress_deny_host": [{"cidr": "198.51.100.91/32", "comment": "faults run 1"}],
+             "chv_broker_read_timeout": 12}
+    second = {"cell_nat_egress_deny_host": [{"cidr": "198.51.100.92/32", "comment": "faults run 2"}],
+              "chv_broker_read_timeout": 11}
+    ledger = sha256(host, LEDGER)
+    outcomes = []
+
+    # early: while the ledger module runs
+    killed_converge(first, "TASK [chv.fleet.cell_runtime : Allocate the slot identities]")
+    lap("kill 1")
+    outcomes.append(assert_isolated_or_refused(host, "killed early"))
+    lap("check 1")
+    assert sha256(host, LEDGER) == ledger
+
+    # in the middle of cell_nat: the ruleset file written, its reload (a handler) never run
+    out = killed_converge(first, "TASK [chv.fleet.cell_nat : Install the chv-cell-nat unit]")
+    lap("kill 2")
+    assert re.search(r"TASK \[chv\.fleet\.cell_nat : Render the cell NAT rulesets and the forwarding settings\] \**"
+                     r"\nchanged: \[%s\]" % name, out), out[-3000:]
+    with host.sudo():
+        assert "198.51.100.91" in host.file(RULESET).content_string
+        assert "198.51.100.91" not in host.check_output("nft list table inet chv_cell")  # the lost reload
+    outcomes.append(assert_isolated_or_refused(host, "killed after the ruleset was written"))
+    lap("check 2")
+    assert sha256(host, LEDGER) == ledger
+
+    # during the handlers, in chv-broker's restart: the changed ruleset loaded by its handler before,
+    # the broker's new configuration written, its restart owed (the marker) unless the killed run got to it
+    invocation = unit_value(host, "chv-broker.service", "InvocationID")
+    killed_converge(second, "RUNNING HANDLER [chv.fleet.broker : Restart chv-broker]")
+    lap("kill 3")
+    with host.sudo():
+        assert '"read_timeout": 11.0' in host.file("/etc/chv-fleet/broker.json").content_string
+        owed = host.file(MARKER).exists
+    assert owed or unit_value(host, "chv-broker.service", "InvocationID") != invocation
+    outcomes.append(assert_isolated_or_refused(host, "killed in chv-broker's restart handler"))
+    lap("check 3")
+    assert sha256(host, LEDGER) == ledger
+
+    # the next converge completes and loads what the file holds; the one after changes nothing
+    proc, recap, changed = run_converge(["-e", json.dumps(second)])
+    lap("converge")
+    with host.sudo():
+        assert host.run("sha256sum --quiet -c %s", LOADED).rc == 0 and RULESET in host.file(LOADED).content_string
+        table = host.check_output("nft list table inet chv_cell")
+    assert "198.51.100.92" in table and "198.51.100.91" not in table, table
+    with host.sudo():
+        assert not host.file(MARKER).exists  # chv-broker has started since its configuration changed
+    proc, recap, changed = run_converge(["-e", json.dumps(second)])
+    lap("no-change converge")
+    assert recap[name]["changed"] == 0 and recap[name]["failed"] == 0, (changed, proc.stdout[-3000:])
+    assert sha256(host, LEDGER) == ledger
+    # (both converges ended with site.yml's health gate: chv-cell health from a real cell, healthy)
+    assert "%s: healthy (" % name in proc.stdout, proc.stdout[-3000:]
+    print("between the kills: %s; %s" % (outcomes, ", ".join(phases)))

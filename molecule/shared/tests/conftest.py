@@ -28,8 +28,9 @@ VERIFIED = []
 def pytest_configure(config):
     VERIFIED[:] = [h.split("://")[-1] for h in (config.option.hosts or "").split(",") if h]
     config.addinivalue_line(
-        "markers", "ends_the_guest: runs after every other test and leaves the guest changed (it does not restore "
-                   "what it changed: a re-converge would cost a minute, and destroy follows verify)")
+        "markers", "ends_the_guest(order=1): runs after every other test and leaves the guest changed (it does not "
+                   "restore what it changed: a re-converge would cost a minute, and destroy follows verify); among "
+                   "these, a lower order runs first")
 
 
 def only_in(scenario):
@@ -41,8 +42,11 @@ def only_in(scenario):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked ends_the_guest run last, in their usual order."""
-    items.sort(key=lambda item: item.get_closest_marker("ends_the_guest") is not None)
+    """Tests marked ends_the_guest run last, by their order, then in their usual order."""
+    def key(item):
+        marker = item.get_closest_marker("ends_the_guest")
+        return (0, 0) if marker is None else (1, marker.kwargs.get("order", 1))
+    items.sort(key=key)
 
 
 class Reply(object):

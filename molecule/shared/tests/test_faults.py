@@ -24,8 +24,9 @@ its message must be the launcher's fail-closed check.
   and restarts chv-broker if the killed run did not, the one after changes
   nothing, and the ledger is byte for byte the same throughout.
 
-They run last (ends_the_guest): the reboot empties /run and the converges
-leave a deny entry of their own in the ruleset.
+They run after every other test but those that end the guest further
+(ends_the_guest, order 0): the reboot empties /run and the converges leave a
+deny entry and a broker setting of their own.
 """
 
 import json
@@ -40,7 +41,9 @@ import pytest
 from conftest import CLIENT, CONVERGE, LAB_ROOT, OutsideHTTP, html, inventory_argv, lab_guest, lab_record, \
     only_in, run_converge, unit_value
 
-pytestmark = [only_in("trixie"), pytest.mark.ends_the_guest]
+# before the other tests that end the guest (test_doors.py releases a slot; these need both slots
+# and the ledger as converged)
+pytestmark = [only_in("trixie"), pytest.mark.ends_the_guest(order=0)]
 
 LEDGER = "/var/lib/chv-fleet/identities.json"
 RULESET = "/etc/chv-fleet/nft/cell-nat.nft"

@@ -97,12 +97,14 @@ def cell_subnets(pool, prefix=24, count=None):
             for i in range(count)]
 
 
-def pool_overlaps(pools):
+def pool_overlaps(pools, ignore_equal=False):
     """Pairs of overlapping pools.
 
     ``pools`` is a dict (name -> CIDR, e.g. inventory host -> pool) or a list
     of CIDRs (named by their position).  Returns a list of dicts
-    ``{a, a_pool, b, b_pool}``, empty when all pools are disjoint."""
+    ``{a, a_pool, b, b_pool}``, empty when all pools are disjoint.  With
+    ``ignore_equal``, two equal pools are not a pair (one pool shared by
+    NATed hosts); only different pools that overlap are."""
     _require_netaddr('pool_overlaps')
     if isinstance(pools, dict):
         items = [(str(k), v) for k, v in pools.items()]
@@ -121,6 +123,8 @@ def pool_overlaps(pools):
         version, first = span[0], span[1]
         active = [a for a in active if a[0] == version and a[2] >= first]
         for other in active:
+            if ignore_equal and other[1:3] == span[1:3]:
+                continue
             found.append({'a': other[3], 'a_pool': other[4], 'b': span[3], 'b_pool': span[4]})
         active.append(span)
     found.sort(key=lambda f: (f['a'], f['b']))

@@ -66,6 +66,7 @@ UID_RANGE_SIZE = 0x10000
 UID_PER_SLOT_MIN = 0x80000
 UID_PER_SLOT_MAX_BASE = 0x6FFF0000
 UID_MAX = 0xFFFFFFFE  # (uid_t) -1 is invalid
+OVERFLOW_ID = 65534  # the kernel's overflowuid/overflowgid: nobody, nogroup
 IFNAMSIZ_MAX = 15  # IFNAMSIZ (16) minus the terminating NUL
 # The host ifname is ifname_prefix + index in IFNAMSIZ_MAX bytes: a prefix of
 # at most 12 bytes leaves room for indexes 0..999.  The one limit of the
@@ -816,6 +817,37 @@ def _overlaps_ids(base, size, ids, id_ranges):
     return None
 
 
+def _describe_networks(spans, limit=3):
+    """Host networks (start, end, dev) as 'a.b.c.d/n on dev', the first
+    ``limit`` of them."""
+    kept = []
+    for lo, hi, dev in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if not any(k[0] <= lo and hi <= k[1] for k in kept):  # within one already named
+            kept.append((lo, hi, dev))
+    parts = ['%s/%d on %s' % (_int_to_ip(lo), 33 - (hi - lo + 1).bit_length(), dev or 'a device-less route')
+             for lo, hi, dev in kept[:limit]]
+    if len(kept) > limit:
+        parts.append('%d more' % (len(kept) - limit))
+    return ', '.join(parts)
+
+
+def _shared_range_accounts(shared_uid, host, limit=3):
+    """What of the host the shared range (shared_uid and the 65535 UIDs
+    after it) holds besides shared_uid itself: passwd UIDs and group GIDs,
+    subuid/subgid ranges.  OVERFLOW_ID (nobody, nogroup) is left out: the
+    kernel shows every unmapped ID as it, it owns nothing of its own.
+    Returns a description, or '' when the range is free."""
+    end = shared_uid + UID_RANGE_SIZE - 1
+    ids = [i for i in host.ids if shared_uid < i <= end and i != OVERFLOW_ID]
+    ranges = [(s, c) for s, c in host.id_ranges if s <= end and shared_uid <= s + c - 1]
+    parts = []
+    if ids:
+        parts.append('UID/GID %s in passwd/group' % ', '.join(str(i) for i in ids[:limit])
+                     + (' and %d more' % (len(ids) - limit) if len(ids) > limit else ''))
+    parts += ['subuid/subgid range %d+%d' % r for r in ranges[:limit]]
+    return '; '.join(parts)
+
+
 def _conflicts(rec, net, settings, networks, ids, id_ranges):
     """Live-host collisions of an existing, otherwise valid record.
 
@@ -983,13 +1015,21 @@ def _allocate(ledger, names, settings, host, state, purge, reassign, partial, ne
                 taken = sum(1 for n in kept if 'subnet' not in redo.get(n, ())) + len(subnet_of)
                 raise AllocationError('pool', 'pool %s is too small: of its %d /%d subnets, %d are '
                                       'held by other slots and the rest overlap addresses or '
-                                      'routes on this host, so slot %r cannot be placed'
+                                      'routes on this host (%s), so slot %r cannot be placed'
                                       % (settings.pool, settings.subnet_count, settings.prefix,
-                                         taken, name))
+                                         taken, _describe_networks(pool_nets), name))
             subnet_of[name] = pool_start + value * step
 
     if need_uid:
         if settings.uid_mode == 'shared':
+            held = _shared_range_accounts(settings.shared_uid, host)
+            if held:
+                raise AllocationError('shared_uid', 'shared_uid %d: with uid_mode shared the cells\' UIDs '
+                                      'are the host UIDs %d-%d, which hold existing accounts (%s); '
+                                      'choose a shared_uid whose %d UIDs hold no account but itself'
+                                      % (settings.shared_uid, settings.shared_uid,
+                                         settings.shared_uid + UID_RANGE_SIZE - 1, held,
+                                         UID_RANGE_SIZE))
             for name in need_uid:
                 uid_of[name] = settings.shared_uid
         else:

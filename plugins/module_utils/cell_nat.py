@@ -41,6 +41,8 @@ _SLOT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,47}\Z")
 # ruleset drops traffic of interfaces that carry it but are no current slot.
 _IFNAME_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,12}\Z")
 UID_MAX = 2 ** 32 - 2
+# What an IPv4 CIDR with a typo looks like (as opposed to a name, URL or host:port).
+_IPV4ISH_RE = re.compile(r"^[0-9./\s]*\Z")
 _PORT_RANGE_RE = re.compile(r"^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?\Z")
 
 PROTOCOLS = ("tcp", "udp")
@@ -97,6 +99,14 @@ def parse_ipv4_network(value, label):
     if net.version != 4:
         raise CellNatError("%s: %r is IPv6; cells have no IPv6 path, only IPv4 CIDRs are accepted" % (label, value))
     return net
+
+
+def _is_ip_network(text):
+    try:
+        ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_ipv4_address(value, label):
@@ -225,8 +235,9 @@ def parse_egress_list(entries, label):
     result = []
     for idx, raw in enumerate(entries):
         item_label = "%s[%d]" % (label, idx)
+        cidr_label = item_label + ".cidr"
         if isinstance(raw, str):
-            raw = {"cidr": raw}
+            raw, cidr_label = {"cidr": raw}, item_label
         if not isinstance(raw, dict):
             raise CellNatError("%s: %r is not a mapping with 'cidr' (and optional 'proto', 'ports')" % (item_label, raw))
         unknown = set(raw) - set(("cidr", "proto", "ports", "comment"))
@@ -235,7 +246,11 @@ def parse_egress_list(entries, label):
                 item_label, ", ".join(sorted(unknown))))
         if "cidr" not in raw:
             raise CellNatError("%s: 'cidr' is required" % item_label)
-        net = parse_ipv4_network(raw["cidr"], item_label + ".cidr")
+        cidr = raw["cidr"]
+        if isinstance(cidr, str) and not _IPV4ISH_RE.match(cidr) and not _is_ip_network(cidr):
+            raise CellNatError("%s: %r is neither an IPv4 CIDR nor an address (host names, URLs and host:port are "
+                               "not resolved; a port goes in ports)" % (cidr_label, cidr))
+        net = parse_ipv4_network(cidr, cidr_label)
         proto = raw.get("proto")
         ports = parse_ports(raw.get("ports"), item_label + ".ports")
         if proto in (None, "", "any"):

@@ -110,29 +110,82 @@ def test_good_values_would_change_the_guest(guest):
     assert traces() == ""
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ({"chv_cell_uid_mode": "root"}, "chv_cell_uid_mode"),
-    ({"chv_cell_slots": 0}, "chv_cell_slots must be a count >= 1"),
-    ({"cell_nat_egress_deny": [{"cidr": "300.1.2.3/32"}]}, "cell_nat_egress_deny"),
-    ({"chv_broker_sync_isolation": "chroot"}, "chv_broker_sync_isolation"),
-    ({"chv_broker_max_request_bytes": 10}, "chv_broker_max_request_bytes >= 1024"),
-    ({"chv_browser_snapshot_max_lines": "many"}, "chv_browser_snapshot_max_lines"),
-    ({"chv_browser_chromium_args": ["--no-sandbox"]}, "--no-sandbox"),
-    # settings two roles share: a mismatch names both; a browser path cells could see is named
-    ({"chv_browser_broker_group": "web"}, 'chv_browser_broker_group=\\"web\\" and chv_broker_group=\\"chv-broker\\"'),
-    ({"chv_browser_state_dir": "/srv/browser-state"}, 'lacks [\\"/srv/browser-state\\"]'),
-    # the preflight (chv.fleet.preflight): every slot's cell at its MemoryMax must fit in the host's memory
-    ({"chv_cell_properties": {"MemoryMax": "1T"}}, "memory: 2 slots x MemoryMax 1T = 2097152 MiB, more than"),
-])
-def test_bad_value_fails_before_any_change(guest, extra, needle):
-    proc, counts = site("-e", json.dumps(extra))
+# One case per class of bad input (docs/reliability.md, "Bad input refused
+# before any change", lists them): each needle holds the variable's name and
+# the bad value as the failure prints them (JSON-escaped). host_vars go into
+# a second inventory beside the lab's (for a setting of the other guest).
+BAD_INPUT = [
+    pytest.param({"chv_cell_properties": ["MemoryMax=1G"]}, None,
+                 'chv_cell_properties [\\"MemoryMax=1G\\"]: not a dict', id="wrong-type"),
+    pytest.param({"chv_cell_pool": "10.200.0.0/33"}, None,
+                 "chv_cell_pool '10.200.0.0/33' is not an IPv4 network", id="invalid-cidr"),
+    # the guest's own link (lab_network 10.99.32.0/28, a /30 per guest) as the whole pool
+    pytest.param({"chv_cell_pool": "10.99.32.0/30", "chv_cell_prefix": 30, "chv_cell_slots": 1}, None,
+                 "chv_cell_pool 10.99.32.0/30 is too small: of its 1 /30 subnets, 0 are held by other slots and "
+                 "the rest overlap addresses or routes on this host (10.99.32.0/30 on host0)",
+                 id="pool-overlaps-host-routes"),
+    # lsite2 (outside --limit) has a pool of its own inside lsite1's (the role default)
+    pytest.param({}, {"lsite2": {"chv_cell_pool": "10.200.128.0/17"}},
+                 "lsite1: chv_cell_pool 10.200.0.0/16 overlaps lsite2's chv_cell_pool 10.200.128.0/17",
+                 id="pool-overlaps-other-host"),
+    # the lab's agent user (uid 1000) and the system accounts lie in 500-66035
+    pytest.param({"chv_cell_uid_mode": "shared", "chv_cell_shared_uid": 500}, None,
+                 "chv_cell_shared_uid 500: with uid_mode shared the cells' UIDs are the host UIDs 500-66035, "
+                 "which hold existing accounts (UID/GID ", id="uid-range-overlaps-accounts"),
+    pytest.param({"chv_cell_ifname_prefix": "averyveryverylongprefix"}, None,
+                 'chv_cell_ifname_prefix \\"averyveryverylongprefix\\" leaves no room for the slot index',
+                 id="ifname-prefix-too-long"),
+    pytest.param({"chv_cell_drop_capabilities": ["CAP_SYS_ADMINN"]}, None,
+                 "chv_cell_drop_capabilities: unknown capability 'CAP_SYS_ADMINN'", id="unknown-capability"),
+    pytest.param({"chv_cell_workspace_root": "var/lib/chv-fleet/workspaces"}, None,
+                 "chv_cell_workspace_root: 'var/lib/chv-fleet/workspaces' must be an absolute normalised path",
+                 id="relative-path"),
+    pytest.param({"cell_nat_egress_allow": [{"cidr": "https://pypi.org/simple"}]}, None,
+                 "cell_nat_egress_allow[0].cidr: 'https://pypi.org/simple' is neither an IPv4 CIDR nor an address",
+                 id="egress-entry-not-cidr"),
+    pytest.param({"chv_cell_slots": 3, "chv_cell_pool": "10.200.0.0/23"}, None,
+                 "chv_cell_slots 3 is more than chv_cell_pool 10.200.0.0/23 holds: 2 /24 subnets",
+                 id="slots-beyond-pool"),
+    # /opt holds /opt/chv-browser, which chv_cell_inaccessible hides at /opt/chv-browser only
+    pytest.param({"chv_cell_readonly_binds": [{"source": "/opt", "target": "/mnt/opt"}]}, None,
+                 'chv_cell_readonly_binds[2]: {\\"source\\": \\"/opt\\", \\"target\\": \\"/mnt/opt\\"} '
+                 "would show /opt/chv-browser, hidden by chv_cell_inaccessible, at /mnt/opt/chv-browser",
+                 id="bind-exposes-hidden-path"),
+    # settings two roles share: a mismatch names both
+    pytest.param({"chv_browser_broker_group": "web"}, None,
+                 'chv_browser_broker_group=\\"web\\" and chv_broker_group=\\"chv-broker\\"',
+                 id="cross-role-conflict"),
+    # more refusals, not classes of the table's own: a count, a bound, a forbidden argument, a browser
+    # path cells could see, every slot's cell at its MemoryMax more than the host's memory (preflight)
+    pytest.param({"chv_cell_slots": 0}, None, "chv_cell_slots 0 must be a count >= 1", id="slots-zero"),
+    pytest.param({"chv_broker_max_request_bytes": 10}, None, "chv_broker_max_request_bytes 10 must be >= 1024",
+                 id="broker-request-bytes"),
+    pytest.param({"chv_browser_chromium_args": ["--no-sandbox"]}, None,
+                 'chv_browser_chromium_args(_default, _group, _host) (has [\\"--no-sandbox\\"]',
+                 id="browser-no-sandbox"),
+    pytest.param({"chv_browser_state_dir": "/srv/browser-state"}, None,
+                 'must hide chv-browser\'s paths from cells, and lacks [\\"/srv/browser-state\\"]',
+                 id="browser-path-visible"),
+    pytest.param({"chv_cell_properties": {"MemoryMax": "1T"}}, None,
+                 "memory: 2 slots x MemoryMax 1T = 2097152 MiB, more than", id="memory-over-host"),
+]
+
+
+@pytest.mark.parametrize("extra,host_vars,needle", BAD_INPUT)
+def test_bad_value_fails_before_any_change(guest, tmp_path, extra, host_vars, needle):
+    args = ["-e", json.dumps(extra)]
+    if host_vars:
+        inventory = tmp_path / "host_vars.yml"
+        inventory.write_text(json.dumps({"all": {"hosts": host_vars}}))
+        args = ["-i", str(inventory)] + args
+    proc, counts = site(*args)
     _refused_before_any_change(proc, counts, needle)
 
 
 def test_a_tagged_run_checks_every_role_first(guest):
     # --tags cell_nat runs one role, yet a bad value of another role's variable still stops it first
     proc, counts = site("--tags", "cell_nat", "-e", json.dumps({"chv_broker_sync_isolation": "chroot"}))
-    _refused_before_any_change(proc, counts, "chv_broker_sync_isolation")
+    _refused_before_any_change(proc, counts, 'chv_broker_sync_isolation \\"chroot\\"')
 
 
 def _refused_before_any_change(proc, counts, needle):

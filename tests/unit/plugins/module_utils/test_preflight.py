@@ -6,16 +6,9 @@ import os
 import pytest
 
 from ansible_collections.chv.fleet.plugins.module_utils import preflight as pf
+from fake_tree import write
 
 RELEASE = "6.1.0-test-amd64"
-
-
-def write(root, path, text=""):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as f:
-        f.write(text)
-    return full
 
 
 @pytest.fixture

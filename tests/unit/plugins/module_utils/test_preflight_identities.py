@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as ci
 from ansible_collections.chv.fleet.plugins.module_utils import preflight as pf
+from fake_tree import write
 
 RELEASE = "6.1.0-test-amd64"
 PASSWD = ("root:x:0:0::/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n"
@@ -23,14 +24,6 @@ ADDRS = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1",
          {"ifname": "host0", "addr_info": [{"family": "inet", "local": "10.99.32.2", "prefixlen": 30}]}]
 ROUTES = [{"dst": "default", "gateway": "10.99.32.1", "dev": "host0"},
           {"dst": "10.99.32.0/30", "dev": "host0", "prefsrc": "10.99.32.2"}]
-
-
-def write(root, path, text=""):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as f:
-        f.write(text)
-    return full
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import re
 import sys
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.chv.fleet.plugins.filter.spec_errors import show
 
 # The launcher package, relative to this file in the collection.
 LAUNCHER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
@@ -47,11 +48,6 @@ def launcher_policy():
         sys.modules[_PACKAGE] = package
         spec.loader.exec_module(package)
     return importlib.import_module(name)
-
-
-def _show(value, limit=120):
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def _is_under(path, root):
@@ -102,7 +98,7 @@ def cell_policy_errors(policy, var_prefix='chv_cell_'):
             continue
         if key and key not in FIXED_KEYS and key in plain:
             if not match.group(2) and message[match.end():].lstrip().startswith('must'):
-                message += ', got %s' % _show(plain[key])  # the validator names no value there
+                message += ', got %s' % show(plain[key])  # the validator names no value there
             message = var_prefix + message
         errors.append(message)
     for key, index, bind, path, seen_at in hidden_exposures(plain):

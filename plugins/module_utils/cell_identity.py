@@ -405,6 +405,14 @@ def parse_passwd(text):
 parse_group = parse_passwd
 
 
+def passwd_id(text, name):
+    """The numeric id (3rd field) of ``name`` in /etc/passwd (or /etc/group) text, or None."""
+    for fields in _colon_lines(text, 3):
+        if fields[0] == name and fields[2].isdigit():
+            return int(fields[2])
+    return None
+
+
 def parse_subid(text):
     """/etc/subuid or /etc/subgid text -> list of (start, count)."""
     ranges = []

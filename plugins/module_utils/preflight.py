@@ -155,14 +155,10 @@ def agent_uid(root, user, fallback):
     """The uid of ``user`` in <root>/etc/passwd, else ``fallback`` (the uid
     the role gives the agent user when it creates it)."""
     try:
-        text = _read(root, "/etc/passwd")
+        uid = ci.passwd_id(_read(root, "/etc/passwd"), user)
     except OSError:
         return fallback
-    for line in text.splitlines():
-        fields = line.split(":")
-        if len(fields) > 2 and fields[0] == user and fields[2].isdigit():
-            return int(fields[2])
-    return fallback
+    return fallback if uid is None else uid
 
 
 def check_identities(root, run, identity, var_prefix="chv_cell_"):

@@ -1,0 +1,393 @@
+"""Benchmark (not a test, asserts nothing): what a site.yml rollout costs on
+1 lab guest and on 4 lab guests at once, side by side in one run (issue 16).
+
+Brings up one local lab, `brollout` (5 bookworm guests on 10.99.48.0/24,
+playbooks/lab_up.yml), and measures, one ansible-playbook run per
+configuration (the time budget of `make bench` allows no repeats):
+  1. the first converge of site.yml on guest 1 alone, then on guests 2-5
+     together (--limit, -f 5, one batch: -e chv_fleet_batches=["100%"]);
+  2. the re-run that changes nothing (changed=0 checked in the PLAY RECAP),
+     on 1 and on 4 guests, with pipelining on (the lab inventory's
+     ansible_pipelining: true) and off (-e ansible_pipelining=false; a
+     `ping -vvv` probe with the same inventory and -e shows that it takes
+     effect: no file PUT with it on, one with it off), in the order
+     on/1, on/4, off/4, off/1 so that drift of the machine's load falls
+     on both sides of each ratio;
+  3. the per-task profile of the 1-guest no-change re-run (pipelining on),
+     from bench/callback_plugins/bench_task_times.py (enabled through
+     ANSIBLE_CALLBACK_PLUGINS / ANSIBLE_CALLBACKS_ENABLED for these runs
+     only): the 15 slowest tasks.
+Then destroys the lab (playbooks/lab_down.yml), also when a step failed.
+
+Prints a table and writes the Markdown fragment build/bench/rollout.md
+(bench/report.py collects it into docs/performance.md); each run's output
+and task times go to build/bench/rollout/.
+Run from the repository root: .venv/bin/python bench/bench_rollout.py
+  --head: measure the committed HEAD (a `git archive` of it under
+  build/bench/rollout/tree, its own collections path) instead of the
+  working tree, where other people's unfinished edits would be rolled out.
+"""
+
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_BIN = os.path.join(ROOT, '.venv', 'bin')
+LAB = 'brollout'
+NETWORK = '10.99.48.0/24'
+COUNT = 5
+LAB_DIR = os.path.join('/var/lib/chv-fleet-lab', LAB)
+INVENTORY = os.path.join(LAB_DIR, 'inventory.yml')
+LAB_ARGS = ['-e', 'lab_name=' + LAB, '-e', 'lab_count=%d' % COUNT, '-e', 'lab_network=' + NETWORK]
+OUT_DIR = os.path.join(ROOT, 'build', 'bench')
+LOG_DIR = os.path.join(OUT_DIR, 'rollout')
+FRAGMENT = os.path.join(OUT_DIR, 'rollout.md')
+FORKS = 5
+ONE_BATCH = '{"chv_fleet_batches": ["100%"]}'
+PIPELINING_OFF = ['-e', 'ansible_pipelining=false']
+TOP_TASKS = 15
+TARGET_CONVERGE_RATIO = 1.5
+TARGET_NOCHANGE_1 = 10.0
+RUN_TIMEOUT = 1200
+RECAP_RE = re.compile(r'^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)'
+                      r'\s+rescued=(\d+)\s+ignored=(\d+)', re.M)
+RECAP_KEYS = ('ok', 'changed', 'unreachable', 'failed', 'skipped', 'rescued', 'ignored')
+# What is rolled out: the checkout (make's development collections path) or, with --head, a snapshot of HEAD.
+SOURCE = {'tree': ROOT, 'collections': os.path.join(ROOT, 'build', 'dev-collections'), 'what': 'the working tree'}
+
+
+def snapshot_head():
+    """Extract HEAD (git archive) to LOG_DIR/tree and give it a collections path of its own."""
+    tree = os.path.join(LOG_DIR, 'tree')
+    collections = os.path.join(LOG_DIR, 'collections')
+    for path in (tree, collections):
+        shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(tree)
+    os.makedirs(os.path.join(collections, 'ansible_collections', 'chv'))
+    archive = subprocess.run(['git', 'archive', 'HEAD'], cwd=ROOT, stdout=subprocess.PIPE, check=True).stdout
+    subprocess.run(['tar', '-x', '-C', tree], input=archive, check=True)
+    os.symlink(tree, os.path.join(collections, 'ansible_collections', 'chv', 'fleet'))
+    SOURCE.update({'tree': tree, 'collections': collections, 'what': 'a clean export of HEAD (--head)'})
+
+
+def ansible_env(profile=None):
+    env = dict(os.environ)
+    env.update({
+        'ANSIBLE_COLLECTIONS_PATH': SOURCE['collections'],
+        'ANSIBLE_ROLES_PATH': os.path.join(SOURCE['tree'], 'roles'),
+        'ANSIBLE_NOCOLOR': '1',
+        'ANSIBLE_FORCE_COLOR': '0',
+        'PATH': VENV_BIN + os.pathsep + os.environ.get('PATH', ''),
+    })
+    if profile:
+        env['ANSIBLE_CALLBACK_PLUGINS'] = os.path.join(ROOT, 'bench', 'callback_plugins')
+        env['ANSIBLE_CALLBACKS_ENABLED'] = 'bench_task_times'
+        env['CHV_BENCH_TASK_TIMES'] = profile
+    return env
+
+
+def machine_cpu_seconds():
+    """Busy CPU time of the whole machine (every process, the guests too) from /proc/stat."""
+    with open('/proc/stat') as handle:
+        fields = [int(v) for v in handle.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / float(os.sysconf('SC_CLK_TCK'))
+
+
+def children_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(label, argv, profile=False):
+    """Run one command (cwd: the tree rolled out), its output to LOG_DIR/<label>.log; returns its figures."""
+    log = os.path.join(LOG_DIR, label + '.log')
+    times = os.path.join(LOG_DIR, label + '.tasks.json') if profile else None
+    if times and os.path.exists(times):
+        os.unlink(times)
+    load = os.getloadavg()[0]
+    cpu0, kids0, start = machine_cpu_seconds(), children_cpu_seconds(), time.monotonic()
+    with open(log, 'w') as out:
+        try:
+            proc = subprocess.run(argv, cwd=SOURCE['tree'], env=ansible_env(times), stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = 'timeout after %d s' % RUN_TIMEOUT
+    wall = time.monotonic() - start
+    result = {'label': label, 'argv': argv, 'rc': rc, 'wall': wall, 'load': load, 'log': log,
+              'machine_cpu': machine_cpu_seconds() - cpu0, 'controller_cpu': children_cpu_seconds() - kids0}
+    with open(log) as handle:
+        text = handle.read()
+    result['output'] = text
+    recap = text[text.rfind('PLAY RECAP'):] if 'PLAY RECAP' in text else ''
+    result['recap'] = dict((m.group(1), dict(zip(RECAP_KEYS, (int(v) for v in m.groups()[1:]))))
+                           for m in RECAP_RE.finditer(recap))
+    if times and os.path.exists(times):
+        with open(times) as handle:
+            result['tasks'] = json.load(handle)['tasks']
+    print('  %-22s %7.1f s  rc=%s  %s' % (label, wall, rc, summary(result)), flush=True)
+    return result
+
+
+def totals(result):
+    return dict((k, sum(h[k] for h in result['recap'].values())) for k in RECAP_KEYS)
+
+
+def summary(result):
+    if not result['recap']:
+        return '(no PLAY RECAP)'
+    t = totals(result)
+    return '%d hosts: ok=%d changed=%d skipped=%d failed=%d unreachable=%d' % (
+        len(result['recap']), t['ok'], t['changed'], t['skipped'], t['failed'], t['unreachable'])
+
+
+def healthy(result, hosts):
+    """The run ended well on exactly these hosts (rc 0, none failed or unreachable)."""
+    return (result['rc'] == 0 and sorted(result['recap']) == sorted(hosts)
+            and all(h['failed'] == 0 and h['unreachable'] == 0 for h in result['recap'].values()))
+
+
+def command_output(argv, env=None):
+    try:
+        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                              universal_newlines=True, timeout=60).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError) as exc:
+        return 'unknown (%s)' % exc
+
+
+def machine():
+    env = ansible_env()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--', 'site.yml', 'playbooks', 'roles', 'plugins'],
+                           cwd=ROOT, stdout=subprocess.PIPE, universal_newlines=True).stdout.splitlines()
+    return {
+        'date': time.strftime('%Y-%m-%d %H:%M %Z'),
+        'commit': command_output(['git', 'rev-parse', '--short', 'HEAD']),
+        'dirty': len(dirty),
+        'nproc': os.cpu_count(),
+        'kernel': os.uname().release,
+        'systemd': command_output(['systemd', '--version']),
+        'ansible': command_output([os.path.join(VENV_BIN, 'ansible-playbook'), '--version'], env).replace('ansible-playbook ', '').strip('[]').replace('core ', ''),
+    }
+
+
+def guest_systemd(guest):
+    return command_output(['ssh', '-i', os.path.join(LAB_DIR, 'id_ed25519'), '-o', 'BatchMode=yes', '-o', 'StrictHostKeyChecking=no',
+                           '-o', 'UserKnownHostsFile=/dev/null', '-o', 'LogLevel=ERROR', 'root@' + guest['address'],
+                           'systemd --version'])
+
+
+def pipelining_probe(guest, off):
+    """ping -vvv with become, as site.yml runs: (SSH commands, file PUTs) for one module run."""
+    argv = [os.path.join(VENV_BIN, 'ansible'), '-i', INVENTORY, guest, '-m', 'ansible.builtin.ping', '-b', '-vvv']
+    res = run('probe-pipelining-' + ('off' if off else 'on'), argv + (PIPELINING_OFF if off else []))
+    lines = res['output'].splitlines()
+    return (res['rc'], sum(1 for ln in lines if 'SSH: EXEC' in ln), sum(1 for ln in lines if re.search(r'> PUT ', ln)))
+
+
+def site(label, hosts, extra=()):
+    argv = [os.path.join(VENV_BIN, 'ansible-playbook'), '-i', INVENTORY, 'site.yml', '-f', str(FORKS),
+            '--limit', ','.join(hosts), '-e', ONE_BATCH] + list(extra)
+    return run(label, argv, profile=True)
+
+
+def ratio(a, b):
+    return a['wall'] / b['wall'] if a and b and b['wall'] else None
+
+
+def fmt_s(result):
+    if not result:
+        return 'not measured'
+    text = '%.1f s' % result['wall']
+    return text if result.get('ok') else text + ' (FAILED: rc=%s, see %s)' % (result['rc'], os.path.relpath(result['log'], ROOT))
+
+
+def fmt_r(value):
+    return '%.2f' % value if value is not None else 'n/a'
+
+
+def met(value, limit):
+    if value is None:
+        return 'not measured'
+    return 'met' if value <= limit else 'missed'
+
+
+def changed_cell(result):
+    if not result or not result['recap']:
+        return 'no PLAY RECAP'
+    return '%d' % totals(result)['changed']
+
+
+def build_rows(r):
+    c1, c4 = r.get('converge-1'), r.get('converge-4')
+    on1, on4, off1, off4 = r.get('nochange-on-1'), r.get('nochange-on-4'), r.get('nochange-off-1'), r.get('nochange-off-4')
+    conv_ratio, onoff1, onoff4 = ratio(c4, c1), ratio(on1, off1), ratio(on4, off4)
+    rows = [
+        ('first converge of site.yml', fmt_s(c1), fmt_s(c4), fmt_r(conv_ratio), '4/1 <= %.1f' % TARGET_CONVERGE_RATIO,
+         met(conv_ratio, TARGET_CONVERGE_RATIO)),
+        ('no-change re-run, pipelining on', fmt_s(on1), fmt_s(on4), fmt_r(ratio(on4, on1)), '1 guest <= %.0f s' % TARGET_NOCHANGE_1,
+         (met(on1['wall'], TARGET_NOCHANGE_1) + ' (%.1f s)' % on1['wall']) if on1 else 'not measured'),
+        ('no-change re-run, pipelining off', fmt_s(off1), fmt_s(off4), fmt_r(ratio(off4, off1)), '-', '-'),
+        ('pipelining on / off (no-change re-run)', fmt_r(onoff1), fmt_r(onoff4), '-', '< 1 (on is faster)',
+         ', '.join('%s: %s' % (n, 'yes' if v < 1 else 'no') for n, v in (('1 guest', onoff1), ('4 guests', onoff4)) if v is not None)
+         or 'not measured'),
+        ('changed= in the no-change re-runs\' PLAY RECAP (on / off)', '%s / %s' % (changed_cell(on1), changed_cell(off1)),
+         '%s / %s' % (changed_cell(on4), changed_cell(off4)), '-', '0',
+         'met' if all(x and x['recap'] and totals(x)['changed'] == 0 for x in (on1, on4, off1, off4))
+         else 'missed: NOT a no-change run where it is not 0'),
+    ]
+    return rows
+
+
+def run_rows(r):
+    rows = []
+    for key in ('converge-1', 'converge-4', 'nochange-on-1', 'nochange-on-4', 'nochange-off-4', 'nochange-off-1'):
+        x = r.get(key)
+        if x:
+            rows.append((key, '%.1f' % x['wall'], '%.0f' % x['machine_cpu'], '%.0f' % x['controller_cpu'], '%.1f' % x['load'],
+                         str(x['rc']), summary(x)))
+    return rows
+
+
+def top_tasks(result):
+    tasks = sorted(result.get('tasks', []), key=lambda t: -t['seconds'])
+    return tasks[:TOP_TASKS]
+
+
+def task_label(task):
+    name = task['name']
+    if task['role'] and not name.startswith(task['role']):
+        name = '%s : %s' % (task['role'], name)
+    return name + (' (handler)' if task.get('handler') else '')
+
+
+def text_table(header, rows):
+    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
+    lines = ['  '.join(str(c).ljust(w) for c, w in zip(header, widths))]
+    lines.append('  '.join('-' * w for w in widths))
+    lines.extend('  '.join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)
+    return '\n'.join(lines)
+
+
+def md_table(header, rows, align=None):
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join(align or ['---'] * len(header)) + '|']
+    lines.extend('| ' + ' | '.join(str(c).replace('|', '\\|') for c in row) + ' |' for row in rows)
+    return '\n'.join(lines)
+
+
+MAIN_HEADER = ('what', '1 guest', '4 guests', 'ratio', 'target', 'met?')
+RUN_HEADER = ('run', 'wall s', 'machine CPU-s', 'controller CPU-s', 'load (1 min) at start', 'rc', 'PLAY RECAP')
+
+
+def report(info, r, probe, lab, errors, total):
+    rows, runs = build_rows(r), run_rows(r)
+    on1 = r.get('nochange-on-1')
+    top = top_tasks(on1) if on1 else []
+    print()
+    print('machine: %(nproc)s CPUs, kernel %(kernel)s, %(systemd)s, ansible-core %(ansible)s; commit %(commit)s (%(source)s), %(date)s'
+          % info)
+    print(text_table(MAIN_HEADER, rows))
+    print()
+    print(text_table(RUN_HEADER, runs))
+    if top:
+        print('\n%d slowest tasks of the 1-guest no-change re-run (pipelining on), %d tasks, %.1f s in tasks:'
+              % (len(top), len(on1['tasks']), sum(t['seconds'] for t in on1['tasks'])))
+        for task in top:
+            print('  %6.2f s  %s' % (task['seconds'], task_label(task)))
+    for err in errors:
+        print('ERROR: ' + err)
+    print('\nrollout benchmark: %.0f s end to end' % total)
+
+    md = ['### Rollout', '',
+          '`.venv/bin/python bench/bench_rollout.py` (in `make bench`): site.yml on local lab guests (bookworm, baked image,',
+          'systemd-nspawn -b), lab `%s` (%d guests, %s): guest 1 alone, then guests 2-5 together (`--limit`, `-f %d`, one'
+          % (LAB, COUNT, NETWORK, FORKS),
+          'batch: `-e \'%s\'`; site.yml\'s default batches would run 4 guests as 1, 1, 2 in turn).' % ONE_BATCH,
+          'Measured %s at commit %s%s, rolling out %s; %s CPUs, kernel %s, %s (host), %s (guests), ansible-core %s.'
+          % (info['date'], info['commit'], ' (%d uncommitted files under site.yml, playbooks, roles, plugins)'
+             % info['dirty'] if info['dirty'] else '', info['source'], info['nproc'], info['kernel'], info['systemd'], lab.get('guest_systemd', '?'),
+             info['ansible']),
+          '**One run per configuration** (the time budget of `make bench`): each figure is a single run, not a median, on a',
+          'shared 2-CPU machine (load average at each run\'s start below); both sides of each ratio ran in the same session,',
+          'the no-change runs in the order on/1, on/4, off/4, off/1. The whole benchmark took %.0f s (lab up %s, down %s).'
+          % (total, '%.0f s' % lab['up'] if 'up' in lab else '?', '%.0f s' % lab['down'] if 'down' in lab else '?'), '']
+    if probe:
+        counts = (probe['on'][1], probe['on'][2], probe['off'][1], probe['off'][2])
+        md += ['Pipelining off takes effect: a `ping -b -vvv` with the lab inventory made %d SSH command(s) and %d file PUT(s) with '
+               'pipelining on, %d and %d with `-e ansible_pipelining=false`.' % counts, '']
+    md += [md_table(MAIN_HEADER, rows), '',
+           md_table(RUN_HEADER, runs, ['---', '---:', '---:', '---:', '---:', '---:', '---']), '',
+           'machine CPU-s: busy time of the whole machine during the run (/proc/stat: the guests, ansible and anything else '
+           'running); controller CPU-s: ansible-playbook and its ssh processes.', '']
+    if top:
+        counts = (len(top), len(on1['tasks']), sum(t['seconds'] for t in on1['tasks']))
+        md += ['The %d slowest tasks of the 1-guest no-change re-run, pipelining on (%d tasks, %.1f s in tasks; from a task\'s start '
+               'to the next\'s, bench/callback_plugins/bench_task_times.py):' % counts, '',
+               md_table(('seconds', 'task'), [('%.2f' % t['seconds'], task_label(t)) for t in top], ['---:', '---']), '']
+    for err in errors:
+        md += ['**Error:** ' + err, '']
+    os.makedirs(OUT_DIR, exist_ok=True)
+    with open(FRAGMENT, 'w') as handle:
+        handle.write('\n'.join(md))
+    print('wrote ' + os.path.relpath(FRAGMENT, ROOT))
+
+
+def main():
+    start = time.monotonic()
+    os.makedirs(LOG_DIR, exist_ok=True)
+    info = machine()
+    if '--head' in sys.argv[1:]:
+        snapshot_head()
+        info['dirty'] = 0
+    info['source'] = SOURCE['what']
+    print('rollout benchmark: lab %s (%d guests, %s), logs in %s' % (LAB, COUNT, NETWORK, os.path.relpath(LOG_DIR, ROOT)), flush=True)
+    r, probe, lab, errors = {}, {}, {}, []
+    playbook = os.path.join(VENV_BIN, 'ansible-playbook')
+    try:
+        if os.path.exists(LAB_DIR):   # left by an interrupted run: its guests are not fresh
+            run('lab-down-stale', [playbook, 'playbooks/lab_down.yml'] + LAB_ARGS)
+        up = run('lab-up', [playbook, 'playbooks/lab_up.yml'] + LAB_ARGS)
+        lab['up'] = up['wall']
+        if up['rc'] != 0:
+            raise RuntimeError('lab_up failed (rc=%s), see %s' % (up['rc'], up['log']))
+        with open(os.path.join(LAB_DIR, 'lab.json')) as handle:
+            guests = json.load(handle)['guests']
+        names = [g['name'] for g in guests]
+        if len(names) != COUNT:
+            raise RuntimeError('lab_up made %d guests, not %d' % (len(names), COUNT))
+        one, four = names[:1], names[1:5]
+        lab['guest_systemd'] = guest_systemd(guests[0])
+        probe = {'on': pipelining_probe(one[0], False), 'off': pipelining_probe(one[0], True)}
+        if probe['on'][0] != 0 or probe['off'][0] != 0 or probe['on'][2] != 0 or probe['off'][2] == 0:
+            errors.append('the pipelining probe did not show pipelining on without PUTs and off with them: %r' % (probe,))
+        for key, hosts, extra in (('converge-1', one, ()), ('converge-4', four, ()),
+                                  ('nochange-on-1', one, ()), ('nochange-on-4', four, ()),
+                                  ('nochange-off-4', four, PIPELINING_OFF), ('nochange-off-1', one, PIPELINING_OFF)):
+            r[key] = site(key, hosts, extra)
+            r[key]['ok'] = healthy(r[key], hosts)
+            if not r[key]['ok']:
+                errors.append('%s: rc=%s, %s (see %s)' % (key, r[key]['rc'], summary(r[key]), os.path.relpath(r[key]['log'], ROOT)))
+    except Exception as exc:  # noqa: B902  (whatever went wrong: the lab goes down and the report says it)
+        errors.append('%s: %s' % (type(exc).__name__, exc))
+    finally:
+        down = run('lab-down', [playbook, 'playbooks/lab_down.yml'] + LAB_ARGS)
+        lab['down'] = down['wall']
+        if down['rc'] != 0:
+            errors.append('lab_down failed (rc=%s), see %s: the lab %s may be left running' % (down['rc'], down['log'], LAB))
+    with open(os.path.join(LOG_DIR, 'results.json'), 'w') as handle:
+        json.dump({'info': info, 'runs': dict((k, dict((f, v) for f, v in x.items() if f != 'output')) for k, x in r.items()),
+                   'probe': probe, 'lab': lab, 'errors': errors}, handle, indent=1)
+    report(info, r, probe, lab, errors, time.monotonic() - start)
+    return 1 if errors else 0
+
+
+if __name__ == '__main__':
+    if shutil.which('systemd-nspawn') is None:
+        sys.exit('bench_rollout: needs systemd-nspawn (make sysdeps) and root')
+    sys.exit(main())

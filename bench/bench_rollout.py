@@ -173,7 +173,7 @@ def machine():
         'nproc': os.cpu_count(),
         'kernel': os.uname().release,
         'systemd': command_output(['systemd', '--version']),
-        'ansible': command_output([os.path.join(VENV_BIN, 'ansible-playbook'), '--version'], env).replace('ansible-playbook ', '').strip('[]').replace('core ', ''),
+        'ansible': re.sub(r'^ansible-playbook \[core (.*)\]$', r'\1', command_output([os.path.join(VENV_BIN, 'ansible-playbook'), '--version'], env)),
     }
 
 

@@ -192,8 +192,27 @@ demo: sysdeps venv
 lab-down: venv
 	PATH=$(VENV)/bin:$$PATH ansible-playbook playbooks/lab_down.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
 
-bench: venv
-	@for b in bench/*.py; do echo "== $$b"; $(VENV)/bin/python $$b; done
+# make bench: benchmarks, not tests (no timing assertions): each prints its
+# medians and ratios and writes a fragment build/bench/NAME.md, which
+# bench/report.py puts into docs/performance.md. The benchmarks of BENCH_ORDER
+# run first, in that order (one not there yet is skipped), then any other
+# bench/bench_*.py; a failing one does not stop the others, but fails make bench.
+BENCH_PACKAGES := iperf3
+BENCH_ORDER := rollout cells cell_identity
+bench: venv sysdeps
+	@$(MAKE) --no-print-directory sysdeps SYS_PACKAGES="$(BENCH_PACKAGES)"
+	@start=$$(date +%s); failed=""; seen=""; mkdir -p $(BUILD)/bench; rm -f $(BUILD)/bench/*.md; \
+	  ordered="$(BENCH_ORDER:%=bench/bench_%.py)"; \
+	  for b in $$ordered $$(ls bench/bench_*.py); do \
+	    case " $$seen " in *" $$b "*) continue;; esac; seen="$$seen $$b"; \
+	    if [ ! -f $$b ]; then echo "== $$b: not there, skipped"; continue; fi; \
+	    t=$$(date +%s); echo "== $$b"; \
+	    if $(VENV)/bin/python $$b; then echo "== $$b: $$(( $$(date +%s) - t )) s"; \
+	    else echo "== $$b FAILED after $$(( $$(date +%s) - t )) s"; failed="$$failed $$b"; fi; \
+	  done; \
+	  $(VENV)/bin/python bench/report.py; \
+	  echo "make bench: $$(( $$(date +%s) - start )) s ($$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s)$${failed:+, FAILED:$$failed}"; \
+	  [ -z "$$failed" ]
 
 # The long fuzz run of docs/reliability.md: 34,000 generated inputs per
 # target (chv-broker, chv-browser, the policy validator), 102,000 in all;

@@ -6,19 +6,17 @@ As root everything runs here.  A non-root user asking for ``run`` or
 world-readable policy and run as that user; ``health`` and ``audit`` are
 root's only (``audit --list`` prints the catalog for anyone)."""
 
-import argparse
 import json
 import os
-import shlex
 import sys
 
 from . import agent as agentmod
-from . import argv as argvmod
-from . import audit as auditmod
-from . import counterproof
-from . import health as healthmod
 from . import policy as policymod
 from . import runner
+
+# The rest is imported where it is used: a plain `chv-cell run -- CMD`
+# (fast_run) needs neither argparse nor the audit's modules, which are most
+# of the launcher's start-up (docs/performance.md).
 
 
 def _command(ns, parser):
@@ -42,6 +40,12 @@ def _pick_slot(pol, name):
 
 
 def build_parser():
+    import argparse  # noqa: PLC0415 (see the imports above)
+
+    from . import audit as auditmod  # noqa: PLC0415
+    from . import counterproof  # noqa: PLC0415
+    from . import health as healthmod  # noqa: PLC0415
+
     ap = argparse.ArgumentParser(
         prog="chv-cell",
         allow_abbrev=False,
@@ -86,6 +90,11 @@ def build_parser():
     v.add_argument("path", nargs="?", help="file to check (default: --policy)")
 
     sub.add_parser("status", allow_abbrev=False, help="list slots and the cells running in them")
+
+    w = sub.add_parser("warm", allow_abbrev=False,
+                       help="keep one cell of a warm slot (policy warm_slots) started and waiting for a payload, "
+                       "serve one run, then exit (the unit chv-cell-warm@SLOT.service)")
+    w.add_argument("--slot", required=True, help="the warm slot")
 
     h = sub.add_parser("health", allow_abbrev=False,
                        help="run a cell with a probe and report whether this guest can run isolated cells "
@@ -137,8 +146,10 @@ def build_parser():
 
 def print_status(pol):
     """``chv-cell status``: one line per slot (identity and live record); 0."""
+    from . import warm as warmmod  # noqa: PLC0415
+
     for s in pol["slots"]:
-        rec_path = argvmod.cell_paths(pol, s)["record"]
+        rec_path = runner.argvmod.cell_paths(pol, s)["record"]
         try:
             with open(rec_path) as fh:
                 rec = json.load(fh)
@@ -148,6 +159,10 @@ def print_status(pol):
             state = "idle"
         except (OSError, ValueError, KeyError, TypeError) as exc:
             state = "unknown (%s)" % exc
+        if s["name"] in pol["warm_slots"] and state.startswith("running") and os.path.exists(
+                warmmod.socket_path(pol, s["name"])):
+            # no payload runs: idle, not "running pid=N" (the drain's pattern)
+            state = "idle (warm cell ready, pid %s)" % rec["pid"]
         print(
             "%-10s %-12s %-15s %-18s uid %d+%d  %s"
             % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)
@@ -158,6 +173,8 @@ def print_status(pol):
 
 def _targets_ok(ns):
     """--allow and --deny of health and audit: HOST:PORT each, or logged."""
+    from . import health as healthmod  # noqa: PLC0415
+
     try:
         for target in ns.allow + ns.deny:
             healthmod.parse_target(target)
@@ -169,6 +186,8 @@ def _targets_ok(ns):
 
 def health(ns):
     """``chv-cell health``: the checks on this guest, one line each (or JSON); 0 healthy."""
+    from . import health as healthmod  # noqa: PLC0415
+
     if not _targets_ok(ns):
         return runner.EXIT_CONFIG
     request = {"broker_client": ns.broker_client, "allow": ns.allow, "deny": ns.deny}
@@ -186,6 +205,9 @@ def health(ns):
 def audit(ns):
     """``chv-cell audit``: the catalog on this guest; the report on stdout
     (and in --report-dir); 0 passed, 1 a case failed, 2 a control failed."""
+    from . import audit as auditmod  # noqa: PLC0415
+    from . import counterproof  # noqa: PLC0415
+
     labels = {}
     for label in ns.label:
         key, sep, value = label.partition("=")
@@ -220,6 +242,26 @@ def audit(ns):
     return rep["exit"]
 
 
+def fast_run(verbose, rest):
+    """Root's ``chv-cell [-v] run OPTIONS -- CMD`` with the installed policy,
+    in the form the agent accepts (agent.parse_agent_args), without
+    argparse: the exit code.  None for any other form (argparse then parses
+    it and reports what is wrong)."""
+    try:
+        req = agentmod.parse_agent_args(["run"] + (["-v"] if verbose else []) + list(rest))
+    except agentmod.Refused:
+        return None
+    try:
+        pol = policymod.load(policymod.DEFAULT_POLICY_PATH)
+    except policymod.PolicyError as exc:
+        for e in exc.errors:
+            runner.log(e)
+        return runner.EXIT_CONFIG
+    launcher = runner.Launcher(pol, verbose=req.verbose)
+    return launcher.run(req.command, slot_name=req.slot, timeout=req.timeout, shared_network=req.shared_network,
+                        runtime_max=req.runtime_max)
+
+
 def _asks_for_help(rest):
     """-h/--help among the options before '--'."""
     opts = rest[:rest.index("--")] if "--" in rest else rest
@@ -233,19 +275,25 @@ def main(args=None, euid=None):
     with 78."""
     args = sys.argv[1:] if args is None else list(args)
     euid = os.geteuid() if euid is None else euid
+    top = agentmod.split_top(args)
     if euid != 0:
-        top = agentmod.split_top(args)
         if top is not None and top[2] in ("run", "status") and not _asks_for_help(top[3]):
             return agentmod.delegate(*top)
+    elif top is not None and top[2] == "run" and not top[1] and not _asks_for_help(top[3]):
+        rc = fast_run(top[0], top[3])
+        if rc is not None:
+            return rc
     ap = build_parser()
     ns = ap.parse_args(args)
     if euid != 0 and ns.action in ("run", "status"):
         runner.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
         return runner.EXIT_CONFIG
     if ns.action == "audit" and ns.list:
+        from . import counterproof  # noqa: PLC0415
+
         sys.stdout.write(counterproof.catalog_markdown())
         return 0
-    if euid != 0 and ns.action in ("health", "audit"):
+    if euid != 0 and ns.action in ("health", "audit", "warm"):
         runner.log("chv-cell %s runs as root only" % ns.action)
         return runner.EXIT_CONFIG
     if ns.policy is None:
@@ -270,6 +318,9 @@ def main(args=None, euid=None):
         return runner.EXIT_CONFIG
 
     if ns.action == "argv":
+        import shlex  # noqa: PLC0415
+
+        argvmod = runner.argvmod
         cmd = _command(ns, ap)
         if ns.shared_network and not pol["allow_shared_network"]:
             runner.log(runner.SHARED_NETWORK_REFUSAL)
@@ -297,6 +348,15 @@ def main(args=None, euid=None):
 
     if ns.action == "health":
         return health(ns)
+    if ns.action == "warm":
+        from . import warm as warmmod  # noqa: PLC0415
+
+        try:
+            policymod.slot_by_name(pol, ns.slot)
+        except KeyError:
+            runner.log("warm: no slot named %r in the policy" % ns.slot)
+            return runner.EXIT_CONFIG
+        return warmmod.WarmCell(pol, ns.policy, ns.slot, verbose=ns.verbose).serve()
     if ns.action == "audit":
         try:
             return audit(ns)

@@ -114,6 +114,9 @@ DEFAULTS = {
     "allow_user_namespaces": False,
     "allow_shared_network": False,
     "runtime_max": 0,
+    # Slots whose cells are kept started, waiting for a payload
+    # (chv-cell warm; docs/cells.md "Warm cells"): names of slots.
+    "warm_slots": [],
     "slots": [],
 }
 
@@ -502,7 +505,22 @@ def validate(obj):
 
     _check_agent(p, errors)
     _check_slots(p["slots"], errors)
+    _check_warm(p, errors)
     return errors
+
+
+def _check_warm(p, errors):
+    """warm_slots: distinct names of the policy's slots."""
+    warm = p["warm_slots"]
+    if not isinstance(warm, list) or not all(isinstance(w, str) for w in warm):
+        errors.append("warm_slots: must be a list of slot names")
+        return
+    names = [s.get("name") for s in p["slots"] if isinstance(s, dict)] if isinstance(p["slots"], list) else []
+    for w in sorted(set(warm)):
+        if w not in names:
+            errors.append("warm_slots: %r is not a slot of this policy" % w)
+    if len(set(warm)) != len(warm):
+        errors.append("warm_slots: a slot is named twice")
 
 
 def effective_runtime_max(policy_max, requested):

@@ -447,6 +447,10 @@ class Launcher:
         self._old_wakeup = None
         self._libc = ctypes.CDLL(None, use_errno=True)
         self.exe = "systemd-nspawn"
+        # A warm launcher (warm.WarmCell) sets these: nspawn's stdin, and
+        # fds the run waits on besides nspawn (its caller's connection).
+        self.spawn_stdin = None
+        self.wait_fds = []
 
     def debug(self, msg):
         if self.verbose:
@@ -603,6 +607,7 @@ class Launcher:
             env=argvmod.nspawn_environment(self.policy),
             preexec_fn=child_setup,
             close_fds=True,
+            stdin=self.spawn_stdin,
         )
 
     def wait_leader(self, proc, pidfd, deadline):
@@ -829,6 +834,22 @@ class Launcher:
             if proc.poll() is not None:
                 return
 
+    # -- what a warm launcher (warm.WarmCell) changes ------------------
+    def cell_command(self, command):
+        """What the cell's pid 2 execs once the gate opens: the payload."""
+        return command
+
+    def after_gate(self, slot, proc, pidfd, runtime_max):
+        """Called once the gate is open; returns the run's runtime_max (the
+        payload's clock starts when it returns)."""
+        return runtime_max
+
+    def on_ready(self, ready):
+        """Called with the ``wait_fds`` that became readable while the payload runs."""
+
+    def report(self, rc):
+        """Called with the run's exit code once the cell has stopped."""
+
     # -- the whole run --------------------------------------------------
     def run(self, command, slot_name=None, timeout=None, shared_network=False, runtime_max=None):
         p = self.policy
@@ -860,7 +881,8 @@ class Launcher:
             try:
                 locks = [(s["name"], argvmod.cell_paths(p, s)["lock"]) for s in slots]
                 _ensure_dir(p["state_dir"], 0o700)
-                name, held = claimmod.claim_any(locks, wait, sleep=self.sleep)
+                warm = [] if shared_network else [s["name"] for s in slots if s["name"] in p["warm_slots"]]
+                claimed = self._claim(locks, warm, wait, command, runtime_max, t0)
             except claimmod.SlotBusy:
                 log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(n for n, dummy in locks), wait))
                 return EXIT_BUSY
@@ -868,6 +890,9 @@ class Launcher:
                 if exc.reason:
                     log("%s; giving up waiting for a slot (exit %d, as on SIGHUP)" % (exc.reason, 128 + exc.signum))
                 return 128 + exc.signum
+            if isinstance(claimed, int):
+                return claimed  # a warm cell ran the payload
+            name, held = claimed
             slot = next(s for s in slots if s["name"] == name)
             try:
                 return self._run_claimed(slot, scope, command, shared_network, t0, runtime_max)
@@ -875,6 +900,31 @@ class Launcher:
                 held.release()
         finally:
             self.restore_signals()
+
+    def _claim(self, locks, warm, wait, command, runtime_max, t0):
+        """A free slot's lock as (name, Claim), or, when a warm cell of
+        ``warm`` took the payload, the run's exit code.  Each round offers
+        the payload to the warm cells that are ready (warm.handover), then
+        tries every slot's lock once; rounds repeat until ``wait`` seconds
+        have passed (SlotBusy).  A warm slot's lock is held by its warm
+        launcher, so a cold run takes it only while no warm cell is there."""
+        deadline = time.monotonic() + wait
+        delay = 0.05
+        while True:
+            if warm:
+                from . import warm as warmmod  # noqa: PLC0415 (only with warm slots)
+
+                rc = warmmod.handover(self, warm, command, runtime_max, t0)
+                if rc is not None:
+                    return rc
+            try:
+                return claimmod.claim_any(locks, 0, sleep=self.sleep)
+            except claimmod.SlotBusy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+            self.sleep(min(delay, left))
+            delay = min(delay * 1.5, 0.5)
 
     def _run_claimed(self, slot, scope, command, shared_network, t0, runtime_max=0):
         p = self.policy
@@ -895,7 +945,7 @@ class Launcher:
             paths_probed = probe(argvmod.probe_paths(p, slot))
             run_id = str(os.getpid())
             facts = argvmod.HostFacts(scope=scope, existing=paths_probed, shared_network=shared_network, run_id=run_id)
-            argv = argvmod.build_argv(p, slot, command, facts)
+            argv = argvmod.build_argv(p, slot, self.cell_command(command), facts)
             if any(a.startswith("--inaccessible=") for a in argv):
                 ensure_inaccessible_nodes()
             self.debug("slot %s claimed after %.3fs (scope %s)" % (slot["name"], time.monotonic() - t0, scope))
@@ -920,6 +970,7 @@ class Launcher:
                     % slot["name"])
             os.write(gate_fd, b"go\n")
             gate_open = True
+            runtime_max = self.after_gate(slot, proc, pidfd, runtime_max)
             released = time.monotonic()
             self.debug("slot %s: payload released %.3fs after start" % (slot["name"], released - t0))
             while proc.poll() is None:
@@ -927,9 +978,9 @@ class Launcher:
                     left = released + runtime_max - time.monotonic()
                     if left <= 0:
                         raise RuntimeLimit()
-                    self.sleep(min(left, 3600), [pidfd])
+                    self.on_ready(self.sleep(min(left, 3600), [pidfd] + self.wait_fds))
                 else:
-                    self.sleep(3600, [pidfd])
+                    self.on_ready(self.sleep(3600, [pidfd] + self.wait_fds))
             rc = proc.returncode
         except Interrupted as exc:
             if exc.reason:
@@ -948,6 +999,7 @@ class Launcher:
         finally:
             if proc is not None:
                 self.stop(proc, pidfd, leader)
+            self.report(rc)
             if pidfd is not None:
                 os.close(pidfd)
             if gate_fd is not None:

@@ -1,0 +1,391 @@
+"""Warm cells: a cell kept started, configured and checked, waiting for a
+payload (docs/cells.md "Warm cells").
+
+``chv-cell warm --slot NAME`` (the unit chv-cell-warm@NAME.service, root)
+is a WarmCell: it claims the slot's lock like any run and starts the cell
+exactly as ``chv-cell run`` would (the same argv, identity, veth, ruleset,
+limits and user-namespace checks) except that the cell's pid 2 is
+warm_receive.py and nspawn's stdin is one end of a socketpair made before
+the cell started.  Once the gate is open it listens on
+``<state_dir>/warm/NAME.sock`` (a root-only directory no cell can see) for
+ONE caller.  ``chv-cell run`` (warm.handover, the caller's side) connects,
+sends the payload's argv with its stdin, stdout and stderr attached
+(SCM_RIGHTS) and waits; the warm launcher checks again what may have
+changed since the cell started (the policy and launcher files, the
+ruleset), hands argv and fds to the cell over the socketpair, answers
+``started`` and then serves the run as ``chv-cell run`` does (runtime_max,
+stop on a signal the caller forwards or on its hang-up) and answers the
+exit code.  Then it tears the cell down and exits; systemd starts the next
+one (Restart=always).  A cell is used once.
+
+Messages are JSON over SOCK_SEQPACKET.  Caller -> warm: {"argv": [...],
+"runtime_max": S or null, "caller": text or null, "policy": the digest of
+the caller's policy (policy_digest)} with three fds, then
+{"signal": N} at most once.  Warm -> caller: {"started": true} or
+{"retry": why} (try another cell, or a cold start) or {"exit": N, "error":
+text} (the run's end, or a refusal: nothing ran)."""
+
+import array
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+
+from . import argv as argvmod
+from . import claim as claimmod
+from . import policy as policymod
+from . import runner
+from . import warm_receive
+
+MESSAGE_MAX = warm_receive.REQUEST_MAX + 4096
+STAMP_POLL = 1.0  # seconds between checks of the policy and launcher files while idle
+RETRY_BACKOFF = 5.0  # seconds a warm launcher waits after a cell failed to start
+EXIT_NOT_WARM = 3  # the slot is not in warm_slots (the unit's RestartPreventExitStatus)
+
+
+def socket_dir(policy):
+    return os.path.join(policy["state_dir"], "warm")
+
+
+def socket_path(policy, name):
+    return os.path.join(socket_dir(policy), name + ".sock")
+
+
+def files_stamp(paths):
+    """What identifies each file's current version (inode, mtime, size);
+    a replaced or edited file changes it."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out.append((path, st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((path, None, None, None))
+    return tuple(out)
+
+
+def watched_files(policy_path):
+    """The policy and the launcher's own files: a warm cell started before
+    either changed is not handed a payload."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [policy_path] + sorted(os.path.join(here, n) for n in os.listdir(here) if n.endswith(".py"))
+
+
+def policy_digest(policy):
+    """The policy's content (merged with the defaults) as one digest: a warm
+    cell takes only payloads of callers with the very same policy (a run
+    with --policy FILE, e.g. chv-cell audit's loosened copies, starts cold)."""
+    return hashlib.sha256(json.dumps(policy, sort_keys=True).encode()).hexdigest()
+
+
+def encode(obj):
+    return json.dumps(obj, sort_keys=True).encode()
+
+
+def decode(data):
+    """A message as a dict, or None (EOF, or not a JSON object)."""
+    if not data:
+        return None
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def check_request(req, policy_runtime_max):
+    """(argv, runtime_max) of a caller's request, or ValueError."""
+    if req is None:
+        raise ValueError("the request is not a JSON object")
+    argv = req.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv) or not argv[0]:
+        raise ValueError("the request has no argv")
+    # the caller sends its effective runtime_max (0: none), checked again here
+    return argv, policymod.effective_runtime_max(policy_runtime_max, req.get("runtime_max") or None)
+
+
+def _recv(sock, size=MESSAGE_MAX):
+    """One message with any fds attached: (dict or None, [fds])."""
+    fds = array.array("i")
+    try:
+        data, anc, flags, dummy = sock.recvmsg(size, socket.CMSG_SPACE(warm_receive.STDIO_FDS * fds.itemsize))
+    except OSError:
+        return None, []
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(raw[:len(raw) - len(raw) % fds.itemsize])
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return decode(data), list(fds)
+
+
+def _send(sock, obj):
+    try:
+        sock.send(encode(obj))
+        return True
+    except OSError:
+        return False
+
+
+class WarmCell(runner.Launcher):
+    """One warm cell of slot ``slot_name``, used once (see the module doc)."""
+
+    def __init__(self, policy, policy_path, slot_name, verbose=False):
+        super().__init__(policy, verbose=verbose, watch_fds=[])
+        self.policy_path = policy_path
+        self.slot_name = slot_name
+        self.stamp = files_stamp(watched_files(policy_path))
+        self.digest = policy_digest(policy)
+        self.conn = None
+        self.retired = False
+        self.handed_over = False
+        self._ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self.spawn_stdin = theirs.detach()
+
+    def cell_command(self, command):
+        with open(warm_receive.__file__, encoding="utf-8") as fh:
+            source = fh.read()
+        return [sys.executable, "-I", "-S", "-c", source]
+
+    def spawn(self, argv, cgroup_dirs):
+        try:
+            return super().spawn(argv, cgroup_dirs)
+        finally:
+            os.close(self.spawn_stdin)  # the cell holds the other end now
+
+    def stale(self):
+        return files_stamp(watched_files(self.policy_path)) != self.stamp
+
+    def after_gate(self, slot, proc, pidfd, runtime_max):
+        """Listen for one caller; check; hand the payload to the cell."""
+        path = socket_path(self.policy, slot["name"])
+        runner._ensure_dir(socket_dir(self.policy), 0o700)
+        runner._unlink(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            old = os.umask(0o177)
+            try:
+                listener.bind(path)
+            finally:
+                os.umask(old)
+            listener.listen(8)
+            self.debug("slot %s: warm cell ready (%s)" % (slot["name"], path))
+            while True:
+                ready = self.sleep(STAMP_POLL, [pidfd, listener.fileno()])
+                if proc.poll() is not None or pidfd in ready:
+                    raise runner.SetupError("the warm cell ended before a payload arrived")
+                if self.stale():
+                    self._retire("the policy or the launcher changed since the warm cell started; replacing it")
+                if listener.fileno() not in ready:
+                    continue
+                self.conn, dummy = listener.accept()
+                self.conn.setblocking(True)
+                runtime_max = self._hand_over(slot)
+                if runtime_max is not None:
+                    return runtime_max
+        finally:
+            runner._unlink(path)
+            listener.close()
+
+    def _retire(self, why):
+        self.retired = True
+        raise runner.SetupError(why)
+
+    def _refuse(self, rc, error):
+        """Answer the caller with the run's end (nothing ran) and hang up."""
+        _send(self.conn, {"exit": rc, "error": error})
+        self.conn.close()
+        self.conn = None
+
+    def _hand_over(self, slot):
+        """Check the request and what may have changed since the cell
+        started, then give the cell the payload; its runtime_max."""
+        req, fds = _recv(self.conn)
+        try:
+            if len(fds) != warm_receive.STDIO_FDS:
+                self._refuse(runner.EXIT_SETUP, "the warm cell got %d file descriptors, not %d" % (len(fds), 3))
+                self._retire("a caller sent %d file descriptors" % len(fds))
+            try:
+                argv, runtime_max = check_request(req, self.policy["runtime_max"])
+            except ValueError as exc:
+                self._refuse(runner.EXIT_CONFIG, str(exc))
+                self._retire("refused a request: %s" % exc)
+            if self.stale():
+                _send(self.conn, {"retry": "the policy or the launcher changed since the warm cell started"})
+                self._retire("the policy or the launcher changed since the warm cell started; replacing it")
+            if req.get("policy") != self.digest:
+                _send(self.conn, {"retry": "the caller's policy is not the one the warm cell started with"})
+                self.conn.close()
+                self.conn = None
+                for fd in fds:
+                    os.close(fd)
+                return None
+            if self.policy["require_ruleset"]:
+                try:
+                    self.check_ruleset(slot)
+                except runner.SetupError as exc:
+                    self._refuse(runner.EXIT_SETUP, str(exc))
+                    raise
+            self._ours.sendmsg([encode({"argv": argv})],
+                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        os.close(fds[0])
+        self._ours.close()
+        # The caller's stdout and stderr: their peer going away stops the
+        # run, as for chv-cell run (closed in report()).
+        self._watch = fds[1:]
+        self.handed_over = True
+        self.wait_fds = [self.conn.fileno()]
+        runner.log("slot %s: warm cell took a payload%s" % (slot["name"], " of " + req["caller"] if req.get("caller") else ""))
+        _send(self.conn, {"started": True})
+        return runtime_max
+
+    def on_ready(self, ready):
+        if self.conn is None or self.conn.fileno() not in ready:
+            return
+        msg, fds = _recv(self.conn)
+        for fd in fds:
+            os.close(fd)
+        if msg is None:
+            self.wait_fds = []
+            raise runner.Interrupted(1, "the caller of the warm cell went away")
+        signum = msg.get("signal")
+        if isinstance(signum, int) and not isinstance(signum, bool) and 0 < signum < 65:
+            raise runner.Interrupted(signum)
+
+    def report(self, rc):
+        if self.conn is not None:
+            _send(self.conn, {"exit": rc})
+            self.conn.close()
+            self.conn = None
+        for fd in self._watch:
+            os.close(fd)
+        self._watch = []
+
+    def serve(self):
+        """The whole life of one warm cell; the process's exit code: 0 after
+        a payload ran, the cell was retired or a stop signal came;
+        EXIT_NOT_WARM when the slot is not warm in the policy; 125 after a
+        failed start (after a pause, so that systemd's restarts do not spin)."""
+        p = self.policy
+        if self.slot_name not in p["warm_slots"]:
+            runner.log("slot %s is not in the policy's warm_slots (%s); no warm cell"
+                       % (self.slot_name, ", ".join(p["warm_slots"]) or "none"))
+            return EXIT_NOT_WARM
+        slot = policymod.slot_by_name(p, self.slot_name)
+        self.install_signals()
+        try:
+            lock = argvmod.cell_paths(p, slot)["lock"]
+            runner._ensure_dir(p["state_dir"], 0o700)
+            while True:
+                try:
+                    held = claimmod.try_claim(lock)
+                    break
+                except claimmod.SlotBusy:
+                    self.sleep(0.5)  # a cold run is in the slot: the warm cell follows it
+            try:
+                rc = self._run_claimed(slot, runner.resolve_scope(p), ["warm"], False, time.monotonic())
+            finally:
+                held.release()
+        except runner.Interrupted:
+            return 0
+        finally:
+            self.restore_signals()
+        if self.handed_over or self.retired or self.stop_signal is not None:
+            return 0
+        time.sleep(RETRY_BACKOFF)
+        return rc
+
+
+def handover(launcher, names, command, runtime_max, t0):
+    """The caller's side: offer ``command`` to the ready warm cells of the
+    slots ``names`` in turn.  Returns the run's exit code, or None when no
+    warm cell took it (none ready, all taken meanwhile, or the argv is too
+    long for a message): the caller then starts a cold cell."""
+    p = launcher.policy
+    req = encode({"argv": list(command), "runtime_max": runtime_max, "caller": launcher.caller,
+                  "policy": policy_digest(p)})
+    if len(req) > warm_receive.REQUEST_MAX:
+        launcher.debug("the command line is too long for a warm cell (%d bytes); starting a cold one" % len(req))
+        return None
+    stdio = _stdio_fds()
+    try:
+        for name in names:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            try:
+                sock.connect(socket_path(p, name))
+                sock.sendmsg([req], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+            except OSError:
+                sock.close()
+                continue
+            reply, dummy = _recv(sock)
+            if reply is None or "retry" in reply:
+                if reply is not None:
+                    launcher.debug("slot %s: warm cell not used: %s" % (name, reply["retry"]))
+                sock.close()
+                continue
+            if not reply.get("started"):
+                sock.close()
+                if reply.get("error"):
+                    runner.log("slot %s: %s" % (name, reply["error"]))
+                return _exit_code(reply)
+            launcher.debug("slot %s: warm cell took the payload %.3fs after start" % (name, time.monotonic() - t0))
+            return _wait(launcher, sock, name)
+    finally:
+        for fd in stdio:
+            if fd > 2:
+                os.close(fd)
+    return None
+
+
+def _exit_code(reply):
+    rc = reply.get("exit")
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) and 0 <= rc <= 255 else runner.EXIT_SETUP
+
+
+def _stdio_fds():
+    """fds 0, 1 and 2 as the caller has them; /dev/null for any that is closed."""
+    out = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            out.append(fd)
+        except OSError:
+            out.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+    return out
+
+
+def _wait(launcher, sock, name):
+    """Wait for the warm cell's exit code; forward a stop signal once."""
+    forwarded = False
+    try:
+        while True:
+            try:
+                ready = launcher.sleep(3600, [sock.fileno()])
+            except runner.Interrupted as exc:
+                launcher.stop_signal = launcher.stop_reason = None
+                if exc.reason:
+                    runner.log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)" % (name, exc.reason, 128 + exc.signum))
+                if forwarded:
+                    continue
+                forwarded = True
+                if not _send(sock, {"signal": exc.signum}):
+                    return 128 + exc.signum
+                continue
+            if sock.fileno() in ready:
+                reply, dummy = _recv(sock)
+                if reply is None:
+                    runner.log("slot %s: the warm cell's launcher went away; the payload's exit code is unknown" % name)
+                    return runner.EXIT_SETUP
+                if reply.get("error"):
+                    runner.log("slot %s: %s" % (name, reply["error"]))
+                return _exit_code(reply)
+    finally:
+        sock.close()

@@ -207,6 +207,14 @@ def run_converge(args, expect_ok=True, whole=False):
     return proc, recap(out), changed
 
 
+def fleet_guest(name):
+    """A testinfra host of another guest of the scenario's inventory, by name."""
+    import testinfra
+
+    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
+    return testinfra.get_host("ansible://%s?ansible_inventory=%s" % (name, inventory))
+
+
 def lab_guest(host):
     """This guest's record in the lab (address, host_address = its gateway on the lab host)."""
     hostname = host.backend.get_hostname()

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from conftest import lab_guest, only_in
+from conftest import fleet_guest, lab_guest, only_in
 from listeners import HelloServer
 from testpaths import ROOT
 
@@ -37,22 +37,23 @@ PROVEN = {"FS-02", "FS-04", "FS-05", "ID-03/04", "ID-07", "NET-02", "NET-03", "N
 COUNTER_PROOF = SCENARIO == "fleet"
 
 
-@pytest.fixture(scope="module")
-def catalog(host):
+def run_audit(host, counter_proof, runs=100):
+    """chv-cell audit on ``host`` as the catalog tests run it: (exit code,
+    report, counter-proof report or None, the report files)."""
     lab = lab_guest(host)["host_address"]
     if DENIED:
         subprocess.run(["ip", "addr", "add", DENIED + "/32", "dev", "lo"], check=True)
     try:
         with HelloServer(lab) as allow, HelloServer(DENIED or lab) as deny:
-            argv = ["chv-cell audit --json --runs 100 --metadata-stand-in", "--allow %s:%d" % (lab, allow.port),
+            argv = ["chv-cell audit --json --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, allow.port),
                     "--allow-url http://%s:%d/" % (lab, allow.port), "--trusted /etc/chv-fleet/nft/cell-nat.nft",
                     "--report-dir %s --label scenario=%s" % (REPORTS, SCENARIO)]
             if DENIED:
                 argv.append("--deny %s:%d" % (DENIED, deny.port))
-            if COUNTER_PROOF:
+            if counter_proof:
                 argv.append("--counter-proof")
             names = ["audit.json", "audit.xml", "audit.md"] + (
-                ["counter-proof.json", "counter-proof.md"] if COUNTER_PROOF else [])
+                ["counter-proof.json", "counter-proof.md"] if counter_proof else [])
             with host.sudo():
                 host.run("rm -rf %s", REPORTS)
                 r = host.run(" ".join(argv))
@@ -67,11 +68,16 @@ def catalog(host):
             fh.write(text)
     assert r.stdout.strip(), r.stderr
     rep = json.loads(r.stdout)
-    return r.rc, (rep["before_report"] if COUNTER_PROOF else rep), (rep if COUNTER_PROOF else None), files
+    return r.rc, (rep["before_report"] if counter_proof else rep), (rep if counter_proof else None), files
 
 
-def test_every_case_passes_beside_its_control_or_is_skipped_by_name(catalog):
-    rc, before, counter, files = catalog
+@pytest.fixture(scope="module")
+def catalog(host):
+    return run_audit(host, COUNTER_PROOF)
+
+
+def assert_every_case_passed_or_skipped(before):
+    """Each case passed beside its control, or was skipped by name (SKIPS)."""
     cases = before["cases"]
     assert len(cases) >= 40 and len(set(c["id"] for c in cases)) == len(cases)
     verdicts = dict((c["id"], c["verdict"]) for c in cases)
@@ -83,6 +89,12 @@ def test_every_case_passes_beside_its_control_or_is_skipped_by_name(catalog):
         else:
             assert c["probe"] and c["control"], c  # evidence for both halves
     assert before["verdict"] == "passed" and before["exit"] == 0
+
+
+def test_every_case_passes_beside_its_control_or_is_skipped_by_name(catalog):
+    rc, before, counter, files = catalog
+    cases = before["cases"]
+    assert_every_case_passed_or_skipped(before)
     assert counter is not None or rc == 0
     h = before["header"]
     assert len(h["policy_sha256"]) == 64 and len(h["launcher_sha256"]) == 64
@@ -128,3 +140,29 @@ def test_a_cell_that_cannot_start_makes_every_case_an_error(host):
     assert r.rc == 2 and rep["verdict"] == "error", r.stderr
     assert set(c["verdict"] for c in rep["cases"]) == {"error"} and len(rep["cases"]) >= 40
     assert "nonexistent" in rep["cases"][0]["control"] or "exited" in rep["cases"][0]["control"]
+
+
+@only_in("fleet")
+def test_the_catalog_passes_in_warm_cells_too():
+    """guest-c keeps every slot warm (chv_cell_warm_slots: 3 in the example's
+    host_vars; docs/cells.md "Warm cells"): each `chv-cell run` of the audit
+    is handed to a cell started before it (the argv and stdio over the
+    cell's socketpair), and every case passes beside its control as in cold
+    cells. Control: the three warm cells were ready before the audit; the
+    warm units' journal shows the hand-overs (at least one per LIFE-02 run),
+    so the cells were warm ones and not cold starts."""
+    c = fleet_guest("guest-c")
+    with c.sudo():
+        c.run_expect([0], "for i in $(seq 100); do [ $(chv-cell status | grep -c 'idle (warm cell ready') = 3 ] && exit 0; "
+                     "sleep 0.2; done; chv-cell status; exit 1")
+        since = c.check_output("date +%s")
+    runs = 20
+    rc, report, dummy, files = run_audit(c, False, runs=runs)
+    assert_every_case_passed_or_skipped(report)
+    assert rc == 0
+    with c.sudo():
+        took = int(c.check_output("journalctl -q -u 'chv-cell-warm@*' --since @%s | grep -c 'warm cell took a payload' "
+                                  "|| true", since))
+        failed = c.check_output("systemctl list-units --failed --plain --no-legend 'chv-cell-warm@*'")
+    assert took >= runs, took
+    assert failed == "", failed

@@ -15,9 +15,8 @@ import os
 import re
 
 import pytest
-import testinfra
 
-from conftest import only_in, run_converge
+from conftest import fleet_guest, only_in, run_converge
 from playbook_output import batches
 from testpaths import ROOT
 
@@ -36,9 +35,7 @@ EXPECTED = {
 DISTRO = {"guest-a": "bookworm", "guest-b": "bookworm", "guest-c": "trixie", "build-1": "bookworm"}
 
 
-def guest(name):
-    inventory = os.path.dirname(os.environ["MOLECULE_INVENTORY_FILE"])
-    return testinfra.get_host("ansible://%s?ansible_inventory=%s" % (name, inventory))
+guest = fleet_guest
 
 
 def snapshot(host):

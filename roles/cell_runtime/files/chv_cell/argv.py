@@ -56,6 +56,8 @@ def cell_paths(policy, slot):
         "resolv_conf": os.path.join(state, "net", name, "resolv.conf"),
         "hosts": os.path.join(state, "net", name, "hosts"),
         "gate": os.path.join(state, "gate", name),
+        # where the slot's warm cell waits for a payload (chv-cell warm)
+        "warm_socket": os.path.join(state, "warm", name + ".sock"),
         "workspace": os.path.join(policy["workspace_root"], name),
         "agent_state": os.path.join(policy["agent_state_root"], name),
     }

@@ -995,7 +995,9 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
             counts.append(int(out.split()[-1]) if out.split() and out.split()[-1].isdigit() else -1)
         g["tasks"] = {"limit": int(limit), "control": counts[0], "started": counts[1]}
     # LIFE-03: every slot at once, then one more
-    busy = [s for s in pol["slots"] if _record_exists(pol, s)]
+    # warm cells being replaced after the runs above: wait until they wait
+    _wait(lambda: not any(runner.payload_running(pol, s) for s in pol["slots"]), 10)
+    busy = [s for s in pol["slots"] if runner.payload_running(pol, s)]
     if busy:
         g["busy_skip"] = "every slot idle (busy: %s)" % ", ".join(s["name"] for s in busy)
     else:
@@ -1005,9 +1007,9 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
                                             "--", "sh", "-c", gate), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for s in pol["slots"]]
         try:
-            _wait(lambda: all(_record_exists(pol, s) for s in pol["slots"]) or
+            _wait(lambda: all(runner.payload_running(pol, s) for s in pol["slots"]) or
                   any(p.poll() is not None for p in procs), opts["timeout"] + 30)
-            running = sum(1 for s in pol["slots"] if _record_exists(pol, s))
+            running = sum(1 for s in pol["slots"] if runner.payload_running(pol, s))
             extra = _run_cell(policy_path, name, ["true"], 1)[0] if running == len(pol["slots"]) else None
             g["busy"] = {"slots": len(pol["slots"]), "running": running, "all_ran": running == len(pol["slots"]),
                          "extra_rc": extra}
@@ -1030,7 +1032,7 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
     # LIFE-04: SIGKILL a launcher whose cell runs; the slot is claimable again
     proc = subprocess.Popen(_chv_cell(policy_path, "run", "--slot", name, "--timeout", str(opts["timeout"]), "--",
                                       "sleep", "300"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    started = _wait(lambda: _record_exists(pol, slot_a) or proc.poll() is not None, opts["timeout"] + 30) and \
+    started = _wait(lambda: runner.payload_running(pol, slot_a) or proc.poll() is not None, opts["timeout"] + 30) and \
         proc.poll() is None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -1038,8 +1040,13 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
 
 
 def _left_behind(pol, slots):
+    """What of the slots' cells is still there.  A slot whose warm cell waits
+    for a payload holds that fresh cell's record, veth and machine, not a
+    leftover (a warm cell listens only before its one payload)."""
     left = []
     for s in slots:
+        if runner.warm_waiting(pol, s):
+            continue
         if _record_exists(pol, s):
             left.append("record of %s" % s["name"])
         if os.path.exists("/sys/class/net/%s" % s["host_ifname"]):

@@ -146,23 +146,19 @@ def build_parser():
 
 def print_status(pol):
     """``chv-cell status``: one line per slot (identity and live record); 0."""
-    from . import warm as warmmod  # noqa: PLC0415
-
     for s in pol["slots"]:
-        rec_path = runner.argvmod.cell_paths(pol, s)["record"]
         try:
-            with open(rec_path) as fh:
-                rec = json.load(fh)
-            alive = os.path.exists("/proc/%d" % int(rec["pid"]))
-            state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
-        except FileNotFoundError:
-            state = "idle"
+            rec = runner.read_record(pol, s)
+            alive = rec is not None and os.path.exists("/proc/%d" % int(rec["pid"]))
+            if rec is None:
+                state = "idle"
+            elif runner.warm_idle(rec) and alive:
+                # no payload runs: idle, never "running pid=N" (the drain's pattern)
+                state = "idle (warm cell %s, pid %s)" % ("ready" if runner.warm_waiting(pol, s) else "starting", rec["pid"])
+            else:
+                state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             state = "unknown (%s)" % exc
-        if s["name"] in pol["warm_slots"] and state.startswith("running") and os.path.exists(
-                warmmod.socket_path(pol, s["name"])):
-            # no payload runs: idle, not "running pid=N" (the drain's pattern)
-            state = "idle (warm cell ready, pid %s)" % rec["pid"]
         print(
             "%-10s %-12s %-15s %-18s uid %d+%d  %s"
             % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)

@@ -130,6 +130,33 @@ def probe(paths):
     return frozenset(p for p in paths if os.path.lexists(p))
 
 
+def read_record(policy, slot):
+    """The slot's live record (write_record), or None when there is none."""
+    try:
+        with open(argvmod.cell_paths(policy, slot)["record"]) as fh:
+            rec = json.load(fh)
+    except FileNotFoundError:
+        return None
+    return rec if isinstance(rec, dict) else {}
+
+
+def warm_idle(rec):
+    """A record of a warm cell that has no payload (yet): starting or waiting."""
+    return bool(rec and rec.get("warm") and not rec.get("payload"))
+
+
+def warm_waiting(policy, slot):
+    """The slot's warm cell is started and waits for a payload."""
+    return warm_idle(read_record(policy, slot)) and os.path.exists(argvmod.cell_paths(policy, slot)["warm_socket"])
+
+
+def payload_running(policy, slot):
+    """A payload runs in the slot, or a cold cell is starting for one (a
+    record that is not an idle warm cell's)."""
+    rec = read_record(policy, slot)
+    return rec is not None and not warm_idle(rec)
+
+
 # ---------------------------------------------------------------- cgroups
 def _cgroup_mounts(mountinfo="/proc/self/mountinfo"):
     """{"": (root, mountpoint) of cgroup2, "name=systemd": (...) of the v1 one}."""
@@ -451,6 +478,7 @@ class Launcher:
         # fds the run waits on besides nspawn (its caller's connection).
         self.spawn_stdin = None
         self.wait_fds = []
+        self.record_extra = {}
 
     def debug(self, msg):
         if self.verbose:
@@ -650,7 +678,7 @@ class Launcher:
                     "cannot configure the veth (%s): %s" % (what, r.stdout.decode(errors="replace").strip())
                 )
 
-    def write_record(self, slot, leader):
+    def write_record(self, slot, leader, **extra):
         paths = argvmod.cell_paths(self.policy, slot)
         rec = {
             "slot": slot["name"],
@@ -659,6 +687,7 @@ class Launcher:
             "uid_size": slot["uid_size"],
             "started": round(time.time(), 3),
         }
+        rec.update(self.record_extra, **extra)
         _write_atomic(paths["record"], json.dumps(rec, sort_keys=True) + "\n", 0o600)
 
     # -- fail-closed checks (before the gate opens) ------------------------
@@ -905,10 +934,15 @@ class Launcher:
         """A free slot's lock as (name, Claim), or, when a warm cell of
         ``warm`` took the payload, the run's exit code.  Each round offers
         the payload to the warm cells that are ready (warm.handover), then
-        tries every slot's lock once; rounds repeat until ``wait`` seconds
-        have passed (SlotBusy).  A warm slot's lock is held by its warm
-        launcher, so a cold run takes it only while no warm cell is there."""
-        deadline = time.monotonic() + wait
+        tries the locks of the slots that are not warm once; rounds repeat
+        until ``wait`` seconds have passed (SlotBusy).  A warm slot's lock
+        is held by its warm launcher except for the moment between one warm
+        cell and the next: a cold run waits for the next warm cell instead,
+        and takes a warm slot's lock only after start_timeout seconds (its
+        warm unit stopped)."""
+        start = time.monotonic()
+        deadline = start + wait
+        cold = [lk for lk in locks if lk[0] not in warm]
         delay = 0.05
         while True:
             if warm:
@@ -917,8 +951,10 @@ class Launcher:
                 rc = warmmod.handover(self, warm, command, runtime_max, t0)
                 if rc is not None:
                     return rc
+                if time.monotonic() - start > self.policy["start_timeout"]:
+                    cold = locks
             try:
-                return claimmod.claim_any(locks, 0, sleep=self.sleep)
+                return claimmod.claim_any(cold, 0, sleep=self.sleep)
             except claimmod.SlotBusy:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -942,9 +978,9 @@ class Launcher:
                 for d in cgroups:
                     os.mkdir(d, 0o755)
                 self.apply_standalone_limits(slot, cgroup2_dir_for(slot["name"]))
-            paths_probed = probe(argvmod.probe_paths(p, slot))
+            self.paths_probed = probe(argvmod.probe_paths(p, slot))
             run_id = str(os.getpid())
-            facts = argvmod.HostFacts(scope=scope, existing=paths_probed, shared_network=shared_network, run_id=run_id)
+            facts = argvmod.HostFacts(scope=scope, existing=self.paths_probed, shared_network=shared_network, run_id=run_id)
             argv = argvmod.build_argv(p, slot, self.cell_command(command), facts)
             if any(a.startswith("--inaccessible=") for a in argv):
                 ensure_inaccessible_nodes()
@@ -954,6 +990,7 @@ class Launcher:
             pidfd = os.pidfd_open(proc.pid)
             deadline = time.monotonic() + p["start_timeout"]
             leader = self.wait_leader(proc, pidfd, deadline)
+            self.leader = leader
             self.write_record(slot, leader)
             if not shared_network:
                 self.configure_network(slot, leader, proc, pidfd, deadline)

@@ -45,12 +45,8 @@ RETRY_BACKOFF = 5.0  # seconds a warm launcher waits after a cell failed to star
 EXIT_NOT_WARM = 3  # the slot is not in warm_slots (the unit's RestartPreventExitStatus)
 
 
-def socket_dir(policy):
-    return os.path.join(policy["state_dir"], "warm")
-
-
 def socket_path(policy, name):
-    return os.path.join(socket_dir(policy), name + ".sock")
+    return argvmod.cell_paths(policy, policymod.slot_by_name(policy, name))["warm_socket"]
 
 
 def files_stamp(paths):
@@ -140,6 +136,7 @@ class WarmCell(runner.Launcher):
         self.slot_name = slot_name
         self.stamp = files_stamp(watched_files(policy_path))
         self.digest = policy_digest(policy)
+        self.record_extra = {"warm": True}
         self.conn = None
         self.retired = False
         self.handed_over = False
@@ -163,7 +160,7 @@ class WarmCell(runner.Launcher):
     def after_gate(self, slot, proc, pidfd, runtime_max):
         """Listen for one caller; check; hand the payload to the cell."""
         path = socket_path(self.policy, slot["name"])
-        runner._ensure_dir(socket_dir(self.policy), 0o700)
+        runner._ensure_dir(os.path.dirname(path), 0o700)
         runner._unlink(path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
@@ -217,6 +214,11 @@ class WarmCell(runner.Launcher):
             if self.stale():
                 _send(self.conn, {"retry": "the policy or the launcher changed since the warm cell started"})
                 self._retire("the policy or the launcher changed since the warm cell started; replacing it")
+            if runner.probe(argvmod.probe_paths(self.policy, slot)) != self.paths_probed:
+                # e.g. a file to hide (policy inaccessible) created since: its
+                # --inaccessible= is not in this cell's argv
+                _send(self.conn, {"retry": "paths the cell's argv depends on appeared or went away since it started"})
+                self._retire("paths the cell's argv depends on appeared or went away since it started; replacing it")
             if req.get("policy") != self.digest:
                 _send(self.conn, {"retry": "the caller's policy is not the one the warm cell started with"})
                 self.conn.close()
@@ -238,6 +240,7 @@ class WarmCell(runner.Launcher):
             raise
         os.close(fds[0])
         self._ours.close()
+        self.write_record(slot, self.leader, payload=round(time.time(), 3))
         # The caller's stdout and stderr: their peer going away stops the
         # run, as for chv-cell run (closed in report()).
         self._watch = fds[1:]

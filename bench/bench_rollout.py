@@ -23,9 +23,11 @@ Prints a table and writes the Markdown fragment build/bench/rollout.md
 (bench/report.py collects it into docs/performance.md); each run's output
 and task times go to build/bench/rollout/.
 Run from the repository root: .venv/bin/python bench/bench_rollout.py
-  --head: measure the committed HEAD (a `git archive` of it under
-  build/bench/rollout/tree, its own collections path) instead of the
-  working tree, where other people's unfinished edits would be rolled out.
+What is rolled out is the committed HEAD (a `git archive` of it under
+build/bench/rollout/tree, with a collections path of its own), so that the
+figures belong to a commit and other people's unfinished edits in a shared
+working tree are not rolled out; --worktree rolls out the working tree as it
+is (build/dev-collections, as make does).
 """
 
 import json
@@ -58,8 +60,8 @@ RUN_TIMEOUT = 1200
 RECAP_RE = re.compile(r'^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)'
                       r'\s+rescued=(\d+)\s+ignored=(\d+)', re.M)
 RECAP_KEYS = ('ok', 'changed', 'unreachable', 'failed', 'skipped', 'rescued', 'ignored')
-# What is rolled out: the checkout (make's development collections path) or, with --head, a snapshot of HEAD.
-SOURCE = {'tree': ROOT, 'collections': os.path.join(ROOT, 'build', 'dev-collections'), 'what': 'the working tree'}
+# What is rolled out: a snapshot of HEAD or, with --worktree, the checkout (make's development collections path).
+SOURCE = {'tree': ROOT, 'collections': os.path.join(ROOT, 'build', 'dev-collections'), 'what': 'the working tree (--worktree)'}
 
 
 def snapshot_head():
@@ -73,7 +75,7 @@ def snapshot_head():
     archive = subprocess.run(['git', 'archive', 'HEAD'], cwd=ROOT, stdout=subprocess.PIPE, check=True).stdout
     subprocess.run(['tar', '-x', '-C', tree], input=archive, check=True)
     os.symlink(tree, os.path.join(collections, 'ansible_collections', 'chv', 'fleet'))
-    SOURCE.update({'tree': tree, 'collections': collections, 'what': 'a clean export of HEAD (--head)'})
+    SOURCE.update({'tree': tree, 'collections': collections, 'what': 'a clean export of HEAD'})
 
 
 def ansible_env(profile=None):
@@ -342,7 +344,7 @@ def main():
     start = time.monotonic()
     os.makedirs(LOG_DIR, exist_ok=True)
     info = machine()
-    if '--head' in sys.argv[1:]:
+    if '--worktree' not in sys.argv[1:]:
         snapshot_head()
         info['dirty'] = 0
     info['source'] = SOURCE['what']

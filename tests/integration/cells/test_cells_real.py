@@ -88,6 +88,10 @@ def env(tmp_path_factory):
         "shared": {"allow_shared_network": True},
         "userns": {"allow_user_namespaces": True},
         "runtime": {"runtime_max": 1},
+        # a warm cell in slot0 (chv-cell warm, started by the warm fixture)
+        "warm": {"warm_slots": ["slot0"]},
+        "warm_other": {"warm_slots": ["slot0"], "stop_grace": 2},
+        "warm_ruleset": {"warm_slots": ["slot0"], "require_ruleset": True},
         "limits": {"properties": {"MemoryMax": "1G", "TasksMax": 100, "CPUQuota": "100%"}},
         "limits_warn": {"properties": {"MemoryMax": "1G", "TasksMax": 100, "CPUQuota": "100%"},
                         "require_limits": False},
@@ -173,7 +177,11 @@ def probe(env, policy):
 
 
 def test_isolation_each_beside_its_control(env):
-    p = probe(env, env["policy"])
+    assert_isolated(env, probe(env, env["policy"]))
+
+
+def assert_isolated(env, p):
+    """Every boundary the probe checks, each beside its control."""
     s0 = env["pol"]["slots"][0]
     # cell root is not host root: uid 0 inside, mapped to the slot's range
     assert p["uid"] == 0 and p["uid_map"] == ["0", str(s0["uid_base"]), "65536"]
@@ -802,3 +810,150 @@ def test_agent_home_is_per_slot_and_the_alias_is_the_workspace(env, sudo_env):
     # the alias's mount point in the agent state dir belongs to the slot's cell root (not host root)
     st = os.lstat(os.path.join(env["pol"]["agent_state_root"], "slot0", "workspace"))
     assert st.st_uid == env["pol"]["slots"][0]["uid_base"]
+
+
+# ---------------------------------------------------------------- warm cells
+@pytest.fixture
+def warm(env):
+    """start(policy) runs `chv-cell warm --slot slot0` (what
+    chv-cell-warm@slot0.service runs) and returns once its cell waits for a
+    payload; stopped after the test."""
+    procs = []
+    sock = os.path.join(env["pol"]["state_dir"], "warm", "slot0.sock")
+
+    def start(policy):
+        proc = subprocess.Popen([sys.executable, "-I", ENTRY, "--policy", policy, "-v", "warm", "--slot", "slot0"],
+                                stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        end = time.monotonic() + 30
+        while not os.path.exists(sock):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end
+            time.sleep(0.02)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def warm_log(proc, timeout=30):
+    """The warm launcher's stderr once it has exited (it serves one payload)."""
+    return proc.communicate(timeout=timeout)[1]
+
+
+def test_a_warm_cell_runs_the_payload_isolated_as_a_cold_one(env, warm):
+    """The probe in a warm cell: every boundary as in a cold cell, the
+    payload on the caller's streams with its exit code, the environment nspawn
+    gave the cell (nothing of the receiver's Python), and the warm launcher
+    says it took the payload. Control: the same probe in a cold cell."""
+    w = warm(env["warm"])
+    p = probe(env, env["warm"])
+    assert "slot slot0: warm cell took a payload" in warm_log(w)
+    assert_isolated(env, p)
+    cold = probe(env, env["policy"])
+    assert p["env"] == cold["env"] and p["cwd"] == cold["cwd"] and p["uid_map"] == cold["uid_map"]
+    w = warm(env["warm"])
+    r = run(env["warm"], "--slot", "slot0", "--", "sh", "-c", "echo out; echo err >&2; env | sort; exit 7")
+    assert r.returncode == 7 and r.stdout.startswith("out\n") and "err" in r.stderr, r
+    assert "took a payload" in warm_log(w)
+    c = run(env["policy"], "--slot", "slot0", "--", "sh", "-c", "echo out; echo err >&2; env | sort; exit 7")
+    assert c.returncode == 7
+    drop = ("container_uuid=", "LC_CTYPE=")  # a new uuid per cell; LC_CTYPE: neither may have it
+    assert [x for x in r.stdout.splitlines() if not x.startswith(drop)] == \
+        [x for x in c.stdout.splitlines() if not x.startswith(drop)]
+    assert "LC_CTYPE=" not in r.stdout + c.stdout
+
+
+def test_a_warm_cell_is_not_used_with_another_policy_or_after_a_hidden_path_appeared(env, warm):
+    """A caller with another policy file (a digest that differs) gets a cold
+    cell; so does every caller once a path the cell's argv depends on (here
+    the file to hide) appeared after the warm cell started: that cell would
+    not hide it. Control: the hidden file is unreadable in the cold cell,
+    and the warm cell was ready before each run."""
+    w = warm(env["warm"])
+    r = run(env["warm_other"], "--", "sh", "-c", "echo $CHV_SLOT")
+    assert r.returncode == 0 and r.stdout == "slot1\n", r  # slot0's lock is the warm cell's: a cold cell in slot1
+    assert w.poll() is None  # declined: the warm cell still waits
+    late = env["secret"] + ".late"
+    pol = dict(env["pol"], warm_slots=["slot0"], inaccessible=env["pol"]["inaccessible"] + [late])
+    path = os.path.join(os.path.dirname(env["warm"]), "warm_late.json")
+    with open(path, "w") as fh:
+        json.dump(pol, fh)
+    w.terminate()
+    warm_log(w)
+    w = warm(path)
+    with open(late, "w") as fh:
+        fh.write("late secret\n")
+    os.chmod(late, 0o644)
+    try:
+        r = run(path, "--timeout", "30", "--", "sh", "-c", "cat %s; cat /etc/os-release | head -1" % late)
+        log = warm_log(w)
+    finally:
+        os.unlink(late)
+    assert "appeared or went away since it started; replacing it" in log, log
+    assert "took a payload" not in log
+    assert r.returncode == 0 and "late secret" not in r.stdout and "Permission denied" in r.stderr, r
+    assert r.stdout.startswith(("NAME=", "PRETTY_NAME=")), r  # control: an ordinary file reads
+
+
+def test_a_warm_cell_checks_the_ruleset_again_at_hand_over(env, warm, host_table):
+    """The table is deleted after the warm cell started (checked then): the
+    hand-over refuses with the cold launcher's message, exit 125, no
+    payload. Control: with the table loaded, the same run in a warm cell."""
+    host_table(["lth20", "lth21"])
+    w = warm(env["warm_ruleset"])
+    assert nft("delete", "table", "inet", "chv_cell").returncode == 0
+    r, ran = marker_run(env, env["warm_ruleset"], "warm-ruleset-marker")
+    assert r.returncode == 125 and not ran, r
+    assert ("nftables table inet chv_cell is not loaded (is chv-cell-nat.service active?); "
+            "refusing to start the cell (policy require_ruleset)") in r.stderr
+    w.terminate()
+    warm_log(w)
+    assert nft("-f", "-", stdin=MIN_TABLE % 'elements = { "lth20", "lth21" }').returncode == 0
+    w = warm(env["warm_ruleset"])
+    r, ran = marker_run(env, env["warm_ruleset"], "warm-ruleset-marker")
+    assert r.returncode == 0 and ran, r
+    assert "took a payload" in warm_log(w)
+
+
+def test_a_warm_cell_stops_on_the_callers_signal_and_when_the_caller_is_gone(env, warm):
+    """SIGTERM to `chv-cell run` reaches the payload in the warm cell (its
+    trap runs) and the run exits 143; a SIGKILLed caller stops the cell as
+    on SIGHUP. Control: the payload had started each time (its file)."""
+    ws = os.path.join(env["pol"]["workspace_root"], "slot0")
+    for kill, rc in ((signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
+        for f in ("got-term", "trap-set"):
+            if os.path.exists(os.path.join(ws, f)):
+                os.unlink(os.path.join(ws, f))
+        w = warm(env["warm"])
+        h = subprocess.Popen(cmd(env["warm"], "--slot", "slot0", "--", "sh", "-c",
+                                 "trap 'touch /workspace/got-term; exit 0' TERM; touch /workspace/trap-set; "
+                                 "sleep 30 & wait"), stderr=subprocess.PIPE, text=True)
+        end = time.monotonic() + 20
+        while not os.path.exists(os.path.join(ws, "trap-set")):
+            assert h.poll() is None and time.monotonic() < end
+            time.sleep(0.02)
+        h.send_signal(kill)
+        h.communicate(timeout=20)
+        log = warm_log(w)
+        assert h.returncode == rc, log
+        assert os.path.exists(os.path.join(ws, "got-term")), log
+        if kill == signal.SIGKILL:
+            assert "the caller of the warm cell went away; stopping the cell" in log
+
+
+def test_an_idle_warm_cell_is_replaced_when_its_policy_file_changes(env, warm):
+    """The policy file replaced (as the role's copy does): the idle warm cell
+    ends within seconds, without a payload. Control: untouched, it waits."""
+    path = os.path.join(os.path.dirname(env["warm"]), "warm_copy.json")
+    shutil.copy(env["warm"], path)
+    w = warm(path)
+    time.sleep(2.5)
+    assert w.poll() is None
+    shutil.copy(env["warm"], path + ".new")
+    os.replace(path + ".new", path)
+    log = warm_log(w, timeout=15)
+    assert w.returncode == 0 and "changed since the warm cell started; replacing it" in log, log

@@ -74,6 +74,9 @@ DEFAULTS = {
     "ip": "/usr/bin/ip",
     "nsenter": "/usr/bin/nsenter",
     "nft": "/usr/sbin/nft",
+    # the interpreter a warm cell's pid 2 runs (warm_receive): the host's,
+    # under /usr, which every cell sees
+    "python": "/usr/bin/python3",
     "state_dir": "/run/chv-fleet",
     "workspace_root": "/var/lib/chv-fleet/workspaces",
     "workspace_mount": "/workspace",
@@ -380,7 +383,8 @@ def validate(obj):
         errors.append("slots: missing")
     p = merged(obj)
 
-    for key in ("nspawn", "systemd_run", "ip", "nsenter", "nft", "state_dir", "workspace_root", "agent_state_root"):
+    for key in ("nspawn", "systemd_run", "ip", "nsenter", "nft", "python", "state_dir", "workspace_root",
+                "agent_state_root"):
         if not _is_abs_clean(p[key]) or p[key] == "/":
             errors.append("%s: %r must be an absolute normalised path" % (key, p[key]))
     for key in ("workspace_mount", "agent_state_mount"):

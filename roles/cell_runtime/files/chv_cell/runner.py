@@ -375,6 +375,19 @@ def _netdev_names(pid):
     return {ln.split(":", 1)[0].strip() for ln in lines if ":" in ln}
 
 
+def _start(cmd, data):
+    """Popen ``cmd`` with ``data`` written to its stdin (closed after), its
+    stdout and stderr together in one pipe."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        proc.stdin.write(data.encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    proc.stdin = None  # written and closed: communicate() only reads
+    return proc
+
+
 def _is_mountpoint(path):
     try:
         return os.path.ismount(path)
@@ -668,15 +681,15 @@ class Launcher:
             "link set %s up\n"
             "route replace default via %s dev %s\n" % (slot["address"], plen, cell_if, cell_if, slot["gateway"], cell_if)
         )
-        for what, cmd, data in (
-            ("host side " + host_if, [p["ip"], "-batch", "-"], host_cmds),
-            ("cell side " + cell_if, [p["nsenter"], "-t", str(leader), "-n", p["ip"], "-batch", "-"], cell_cmds),
-        ):
-            r = subprocess.run(cmd, input=data.encode(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
-            if r.returncode != 0:
-                raise SetupError(
-                    "cannot configure the veth (%s): %s" % (what, r.stdout.decode(errors="replace").strip())
-                )
+        # both sides at once (independent); each must succeed
+        started = [
+            ("host side " + host_if, _start([p["ip"], "-batch", "-"], host_cmds)),
+            ("cell side " + cell_if, _start([p["nsenter"], "-t", str(leader), "-n", p["ip"], "-batch", "-"], cell_cmds)),
+        ]
+        for what, cmd in started:
+            out = cmd.communicate()[0]
+            if cmd.returncode != 0:
+                raise SetupError("cannot configure the veth (%s): %s" % (what, out.decode(errors="replace").strip()))
 
     def write_record(self, slot, leader, **extra):
         paths = argvmod.cell_paths(self.policy, slot)
@@ -809,20 +822,35 @@ class Launcher:
                 "(policy allow_user_namespaces is false)" % answer
             )
 
-    def check_ruleset(self, slot):
-        """The cell_nat table must be loaded and cover this slot's veth."""
+    def list_ruleset(self):
+        """Start ``nft -j list table`` for check_ruleset (the listing is read
+        there; the run starts it before it configures the veth, so that the
+        two overlap).  None when nft cannot be started (check_ruleset then
+        reports why)."""
+        try:
+            return subprocess.Popen(rulesetmod.list_command(self.policy["nft"]), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=TOOL_ENV)
+        except OSError:
+            return None
+
+    def check_ruleset(self, slot, listing_proc=None):
+        """The cell_nat table must be loaded and cover this slot's veth
+        (``listing_proc``: a list_ruleset() started earlier, or None)."""
         cmd = rulesetmod.list_command(self.policy["nft"])
         tail = "; refusing to start the cell (policy require_ruleset)"
         try:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=TOOL_ENV, timeout=20,
-                               check=False)
+            r = listing_proc or subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, env=TOOL_ENV)
+            out, err = r.communicate(timeout=20)
         except OSError as exc:
             raise SetupError("cannot run %s: %s%s" % (cmd[0], exc.strerror, tail))
         except subprocess.TimeoutExpired:
+            r.kill()
+            r.wait()
             raise SetupError("%s did not answer within 20s%s" % (" ".join(cmd), tail))
-        listing = r.stdout.decode(errors="replace")
+        listing = out.decode(errors="replace")
         if r.returncode != 0:
-            err = r.stderr.decode(errors="replace").strip()
+            err = err.decode(errors="replace").strip()
             if "No such file or directory" not in err:
                 raise SetupError("%s failed (exit %d): %s%s" % (" ".join(cmd), r.returncode, err, tail))
             listing = None
@@ -992,6 +1020,7 @@ class Launcher:
             leader = self.wait_leader(proc, pidfd, deadline)
             self.leader = leader
             self.write_record(slot, leader)
+            listing = self.list_ruleset() if p["require_ruleset"] and not shared_network else None
             if not shared_network:
                 self.configure_network(slot, leader, proc, pidfd, deadline)
             if scope == "systemd":
@@ -1001,7 +1030,7 @@ class Launcher:
             if shared_network:
                 pass  # no veth of the slot: the cell is in the host's network namespace
             elif p["require_ruleset"]:
-                self.check_ruleset(slot)
+                self.check_ruleset(slot, listing)
             else:
                 log("slot %s: WARNING: the cell_nat ruleset is not checked (policy require_ruleset is false)"
                     % slot["name"])

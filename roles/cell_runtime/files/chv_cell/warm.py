@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import socket
-import sys
 import time
 
 from . import argv as argvmod
@@ -146,7 +145,7 @@ class WarmCell(runner.Launcher):
     def cell_command(self, command):
         with open(warm_receive.__file__, encoding="utf-8") as fh:
             source = fh.read()
-        return [sys.executable, "-I", "-S", "-c", source]
+        return [self.policy["python"], "-I", "-S", "-c", source]
 
     def spawn(self, argv, cgroup_dirs):
         try:

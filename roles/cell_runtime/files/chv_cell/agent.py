@@ -199,22 +199,15 @@ def main(args=None, environ=None, euid=None):
     except Refused as exc:
         runner.log("%s: %s; %s" % (AGENT_NAME, exc, USAGE))
         return EXIT_REFUSED
-    path = policymod.DEFAULT_POLICY_PATH
-    try:
-        pol = policymod.load(path)
-    except policymod.PolicyError as exc:
-        for e in exc.errors:
-            runner.log(e)
+    pol = cli.load_policy(policymod.DEFAULT_POLICY_PATH)
+    if pol is None:
         return EXIT_REFUSED
     if req.shared_network and not pol["allow_shared_network"]:
         runner.log(runner.SHARED_NETWORK_REFUSAL)
         return EXIT_REFUSED
     if req.action == "status":
         return cli.print_status(pol)
-    who = "%s (uid %d) through sudo" % (caller.user, caller.uid)
-    launcher = runner.Launcher(pol, verbose=req.verbose, caller=who)
-    return launcher.run(req.command, slot_name=req.slot, timeout=req.timeout, shared_network=req.shared_network,
-                        runtime_max=req.runtime_max)
+    return cli.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid))
 
 
 # ---------------------------------------------------------------- the wrapper side

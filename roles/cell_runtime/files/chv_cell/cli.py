@@ -247,13 +247,23 @@ def fast_run(verbose, rest):
         req = agentmod.parse_agent_args(["run"] + (["-v"] if verbose else []) + list(rest))
     except agentmod.Refused:
         return None
+    pol = load_policy(policymod.DEFAULT_POLICY_PATH)
+    return runner.EXIT_CONFIG if pol is None else run_request(pol, req)
+
+
+def load_policy(path):
+    """The policy at ``path``, or None after logging each of its errors."""
     try:
-        pol = policymod.load(policymod.DEFAULT_POLICY_PATH)
+        return policymod.load(path)
     except policymod.PolicyError as exc:
         for e in exc.errors:
             runner.log(e)
-        return runner.EXIT_CONFIG
-    launcher = runner.Launcher(pol, verbose=req.verbose)
+        return None
+
+
+def run_request(pol, req, caller=None):
+    """Run an agent.AgentRequest of action run; its exit code."""
+    launcher = runner.Launcher(pol, verbose=req.verbose, caller=caller)
     return launcher.run(req.command, slot_name=req.slot, timeout=req.timeout, shared_network=req.shared_network,
                         runtime_max=req.runtime_max)
 
@@ -306,11 +316,8 @@ def main(args=None, euid=None):
         print("%s: valid, %d slot(s)" % (path, len(pol["slots"])))
         return 0
 
-    try:
-        pol = policymod.load(ns.policy)
-    except policymod.PolicyError as exc:
-        for e in exc.errors:
-            runner.log(e)
+    pol = load_policy(ns.policy)
+    if pol is None:
         return runner.EXIT_CONFIG
 
     if ns.action == "argv":

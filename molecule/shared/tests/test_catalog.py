@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from conftest import fleet_guest, lab_guest, only_in
+from conftest import fleet_guest, lab_guest, lab_record, only_in
 from listeners import HelloServer
 from testpaths import ROOT
 
@@ -166,3 +166,16 @@ def test_the_catalog_passes_in_warm_cells_too():
         failed = c.check_output("systemctl list-units --failed --plain --no-legend 'chv-cell-warm@*'")
     assert took >= runs, took
     assert failed == "", failed
+    # the executor's way in (ssh as the agent user, sudo, chv-cell-agent) lands in a warm cell too
+    with c.sudo():
+        c.run_expect([0], "for i in $(seq 100); do chv-cell status | grep -q 'idle (warm cell ready' && exit 0; "
+                     "sleep 0.2; done; exit 1")
+        since = c.check_output("date +%s")
+    ssh = ["ssh", "-i", lab_record()["key"], "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+           "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "chv@%s" % lab_guest(c)["address"],
+           "chv-cell run -- sh -c 'echo $CHV_SLOT $USER; exit 3'"]
+    r = subprocess.run(ssh, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 3 and len(r.stdout.split()) == 2 and r.stdout.split()[1] == "chv", r
+    with c.sudo():
+        log = c.check_output("journalctl -q -u 'chv-cell-warm@*' --since @%s", since)
+    assert "slot %s: warm cell took a payload of chv (uid " % r.stdout.split()[0] in log, log[-2000:]

@@ -118,7 +118,7 @@ def run(label, argv, profile=False):
     with open(log, 'w') as out:
         try:
             proc = subprocess.run(argv, cwd=SOURCE['tree'], env=ansible_env(times), stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT)
+                                  stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT, check=False)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = 'timeout after %d s' % RUN_TIMEOUT
@@ -159,7 +159,7 @@ def healthy(result, hosts):
 def command_output(argv, env=None):
     try:
         return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                              universal_newlines=True, timeout=60).stdout.strip().splitlines()[0]
+                              universal_newlines=True, timeout=60, check=False).stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError) as exc:
         return 'unknown (%s)' % exc
 
@@ -167,7 +167,7 @@ def command_output(argv, env=None):
 def machine():
     env = ansible_env()
     dirty = subprocess.run(['git', 'status', '--porcelain', '--', 'site.yml', 'playbooks', 'roles', 'plugins'],
-                           cwd=ROOT, stdout=subprocess.PIPE, universal_newlines=True).stdout.splitlines()
+                           cwd=ROOT, stdout=subprocess.PIPE, universal_newlines=True, check=False).stdout.splitlines()
     return {
         'date': time.strftime('%Y-%m-%d %H:%M %Z'),
         'commit': command_output(['git', 'rev-parse', '--short', 'HEAD']),

@@ -71,9 +71,13 @@ out = {}
 if spec["mode"] == "rounds":
     for v in spec["variants"]:
         out[v["name"]] = {"times": [], "fails": 0, "error": "", "stderr": []}
+        out[v["name"]]["starts"] = []
     for i in range(spec["rounds"] + 1):
         for v in spec["variants"]:
             argv = [a.replace("{i}", str(i)) for a in v["argv"]]
+            if v.get("before"):
+                subprocess.run(v["before"], timeout=60)  # untimed (e.g. until the warm cell waits)
+            wall = time.time()
             t = time.perf_counter()
             p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             dt = time.perf_counter() - t
@@ -81,6 +85,11 @@ if spec["mode"] == "rounds":
                 continue  # warm-up round: page cache, first scope, first veth
             r = out[v["name"]]
             r["times"].append(dt)
+            if v.get("stamp"):  # the payload printed its start time (date +%s.%N)
+                try:
+                    r["starts"].append(float(p.stdout.split()[-1]) - wall)
+                except (IndexError, ValueError):
+                    pass
             r["stderr"].append(p.stderr.decode(errors="replace")[-3000:])
             if p.returncode != 0:
                 r["fails"] += 1
@@ -193,8 +202,9 @@ def host_address(guest_address):
     raise RuntimeError('no address of this host shares a network with the guest %s' % guest_address)
 
 
-def converge(name, slots, host, tags=None):
-    extra = dict(BASE_VARS, chv_cell_slots=slots, cell_nat_egress_allow=[{'cidr': host, 'comment': 'bench peer'}])
+def converge(name, slots, host, tags=None, warm=0):
+    extra = dict(BASE_VARS, chv_cell_slots=slots, cell_nat_egress_allow=[{'cidr': host, 'comment': 'bench peer'}],
+                 chv_cell_warm_slots=warm)
     args = ['-i', INVENTORY, 'site.yml', '-e', json.dumps(extra)]
     if tags:
         args += ['--tags', tags]
@@ -245,8 +255,8 @@ def bare_argv(argv, tag):
 
 
 def start_launcher(ctx):
-    return {'name': 'chv-cell run -- true', 'argv': [ctx.chv_cell, '-v', 'run', '--', 'true'],
-            'doc': 'the launcher as root on the guest (-v for its own timings), claiming the first free slot (slot0)'}
+    return {'name': 'chv-cell run -- true', 'argv': [ctx.chv_cell, '-v', 'run', '--slot', 'slot0', '--', 'true'],
+            'doc': 'the launcher as root on the guest (-v for its own timings), a cold cell in slot0'}
 
 
 def start_bare(ctx):
@@ -268,6 +278,35 @@ def start_bare_noscope(ctx):
                    'transient scope costs'}
 
 
+# The warm slot (converge-4 sets chv_cell_warm_slots: 1: the last of the 4
+# slots); the cold launcher variant names slot0, so that it never takes the
+# warm cell.
+WARM_SLOT = 'slot3'
+WARM_WAIT = ['sh', '-c', 'for i in $(seq 500); do [ -S /run/chv-fleet/warm/%s.sock ] && exit 0; sleep 0.01; done; '
+             'exit 1' % WARM_SLOT]
+
+
+def start_warm(ctx):
+    return {'name': 'chv-cell run -- true, warm', 'argv': [ctx.chv_cell, 'run', '--slot', WARM_SLOT, '--', 'true'],
+            'before': WARM_WAIT,
+            'doc': 'the same command handed to the warm cell of %s (docs/cells.md "Warm cells"), after waiting '
+                   '(untimed) until the next warm cell waits: the whole run, the payload\'s exit code back, the '
+                   'warm cell torn down afterwards in the background' % WARM_SLOT}
+
+
+def start_warm_payload(ctx):
+    return {'name': 'warm: payload start', 'stamp': True, 'before': WARM_WAIT,
+            'argv': [ctx.chv_cell, 'run', '--slot', WARM_SLOT, '--', 'date', '+%s.%N'],
+            'doc': 'from the start of `chv-cell run` to the payload\'s first instruction in the warm cell (the '
+                   'payload is `date +%s.%N`; both clocks are the guest\'s CLOCK_REALTIME)'}
+
+
+def start_cold_payload(ctx):
+    return {'name': 'cold: payload start', 'stamp': True,
+            'argv': [ctx.chv_cell, 'run', '--slot', 'slot0', '--', 'date', '+%s.%N'],
+            'doc': 'the same for a cold cell in slot0'}
+
+
 def start_unshare(ctx):
     return {'name': 'unshare -Unpm -r -f true', 'argv': ['unshare', '-Unpm', '-r', '-f', 'true'],
             'doc': 'the namespaces alone (user, net, pid, mount): no root file system, no binds, no veth'}
@@ -284,12 +323,14 @@ def start_help(ctx):
 
 # Every variant runs once per round, in this order (a warm launcher mode is
 # one more function here, with its row in START_RATIOS).
-START_VARIANTS = (start_launcher, start_bare, start_bare_noscope, start_unshare, start_python, start_help)
+START_VARIANTS = (start_launcher, start_bare, start_bare_noscope, start_warm, start_warm_payload, start_cold_payload,
+                  start_unshare, start_python, start_help)
 # (figure, baseline, target as (text, predicate) or None)
 START_RATIOS = (
     ('chv-cell run -- true', 'bare systemd-run + nspawn', ('<= 1.3', lambda r: r <= 1.3)),
     ('bare systemd-run + nspawn', 'unshare -Unpm -r -f true', None),
     ('bare systemd-run + nspawn', 'bare nspawn, no scope', None),
+    ('chv-cell run -- true, warm', 'chv-cell run -- true', None),
 )
 
 
@@ -313,13 +354,19 @@ def part_start(guest):
     variants = [f(ctx) for f in START_VARIANTS]
     log('part a: %d rounds of %s' % (START_RUNS, ', '.join(v['name'] for v in variants)))
     res = guest.timer({'mode': 'rounds', 'rounds': START_RUNS,
-                       'variants': [{'name': v['name'], 'argv': v['argv']} for v in variants]})
-    med = {name: median_ms(r['times']) for name, r in res.items()}
+                       'variants': [dict((k, v[k]) for k in ('name', 'argv', 'before', 'stamp') if k in v)
+                                    for v in variants]})
+    med = {name: median_ms(r['starts'] if r['starts'] else r['times']) for name, r in res.items()}
     rows = []
     for fig, base, target in START_RATIOS:
         ratio = med[fig] / med[base]
         rows.append(Row(fig, '%.0f ms' % med[fig], '%s: %.0f ms' % (base, med[base]), fmt_ratio(ratio),
                         target[0] if target else '-', verdict(target[1](ratio)) if target else '-'))
+    warm, bare = med['warm: payload start'], med['bare systemd-run + nspawn']
+    rows.append(Row('warm: payload start', '%.0f ms' % warm, 'cold: payload start: %.0f ms' % med['cold: payload start'],
+                    fmt_ratio(warm / med['cold: payload start']), '<= 20 ms', verdict(warm <= 20)))
+    rows.append(Row('bare systemd-run + nspawn (whole run)', '%.0f ms' % bare, 'warm: payload start: %.0f ms' % warm,
+                    fmt_ratio(bare / warm), '>= 5 (warm 5x faster)', verdict(bare / warm >= 5)))
     fails = {name: (r['fails'], r['error']) for name, r in res.items() if r['fails']}
     steps = launcher_steps(res['chv-cell run -- true']['stderr'])
     total = med['chv-cell run -- true']
@@ -504,7 +551,9 @@ def render(result):
              '',
              'Every converge: `site.yml` with `%s` (chv-browser left out: cells do not need it; MemoryMax small '
              'enough for 256 slots on this guest), the lab host\'s address %s allowed in `cell_nat_egress_allow`; '
-             'after the first, `--tags %s` with `chv_cell_slots` changed.' % (json.dumps(BASE_VARS), result['host'], SLOT_TAGS),
+             'after the first, `--tags %s` with `chv_cell_slots` changed. The first converge (4 slots, part a) keeps '
+             'one warm cell (`chv_cell_warm_slots: 1`, %s); the others none.' % (json.dumps(BASE_VARS), result['host'],
+                                                                                 SLOT_TAGS, WARM_SLOT),
              '', '#### a. Cell start (medians of %d rounds, every variant once per round, after one warm-up round)'
              % START_RUNS, '']
     lines += table(a['rows'])
@@ -570,7 +619,7 @@ def print_tables(result):
 def measure(guest, host):
     result = {'host': host, 'burst': [], 'rules': {}}
     conv = []
-    conv.append('4 slots, whole site.yml %.0f s' % converge('converge-4', 4, host))
+    conv.append('4 slots, whole site.yml %.0f s' % converge('converge-4', 4, host, warm=1))
     install_iperf3(guest)
     result['rules'][min(RULE_SLOTS)] = rule_count(guest)
     save_ruleset(guest, min(RULE_SLOTS))

@@ -353,7 +353,7 @@ def test_agent_path_is_next_to_chv_cell():
     assert agent.agent_path() == os.path.join(FILES, "chv-cell-agent")
     assert os.access(agent.agent_path(), os.X_OK)
     with open(agent.agent_path()) as fh:
-        assert fh.readline() == "#!/usr/bin/python3 -I\n"
+        assert fh.readline() == "#!/usr/bin/python3 -IS\n"  # isolated, no site: the standard library only
 
 
 def test_agent_entry_point_refuses_root_without_sudo():

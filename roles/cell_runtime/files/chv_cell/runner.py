@@ -773,7 +773,7 @@ class Launcher:
             problems += scope_limit_problems(limits, mount[1] + scope)
         self._limits_verdict(slot, problems)
 
-    def restrict_user_namespaces(self, leader):
+    def start_userns_restriction(self, leader):
         """Write 0 to user.max_user_namespaces of the cell's own user
         namespace.  The user.* sysctls resolve against the writer's user
         namespace, so a forked child joins the cell's (setns) and writes.
@@ -807,6 +807,12 @@ class Launcher:
                 os._exit(code)
         os.close(w)
         os.close(fd)
+        return pid, r
+
+    def userns_verdict(self, started):
+        """Wait for the child of start_userns_restriction; SetupError unless
+        it read 0 back."""
+        pid, r = started
         chunks = []
         while True:
             chunk = os.read(r, 4096)
@@ -1020,13 +1026,17 @@ class Launcher:
             leader = self.wait_leader(proc, pidfd, deadline)
             self.leader = leader
             self.write_record(slot, leader)
+            # the checks that wait on other processes run at the same time:
+            # nft's listing and the user-namespace child start now, the veth
+            # is configured meanwhile, their verdicts come before the gate
             listing = self.list_ruleset() if p["require_ruleset"] and not shared_network else None
+            userns = None if p["allow_user_namespaces"] else self.start_userns_restriction(leader)
             if not shared_network:
                 self.configure_network(slot, leader, proc, pidfd, deadline)
             if scope == "systemd":
                 self.check_scope_limits(slot, leader, argvmod.scope_unit(slot, run_id) + ".scope")
-            if not p["allow_user_namespaces"]:
-                self.restrict_user_namespaces(leader)
+            if userns is not None:
+                self.userns_verdict(userns)
             if shared_network:
                 pass  # no veth of the slot: the cell is in the host's network namespace
             elif p["require_ruleset"]:

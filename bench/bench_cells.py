@@ -37,7 +37,13 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAB_VARS = ['-e', 'lab_name=bcell', '-e', 'lab_count=1', '-e', 'lab_network=10.99.49.0/28']
-INVENTORY = '/var/lib/chv-fleet-lab/bcell/inventory.yml'
+# make bench: the rollout benchmark keeps its lab (CHV_BENCH_KEEP_LAB) and
+# this one measures on its first guest, which site.yml has converged
+# already (CHV_BENCH_LAB=brollout; make bench takes the lab down after):
+# no lab of its own, no first whole converge.
+SHARED_LAB = os.environ.get('CHV_BENCH_LAB', '')
+LAB_NAME = SHARED_LAB or 'bcell'
+INVENTORY = '/var/lib/chv-fleet-lab/%s/inventory.yml' % LAB_NAME
 OUT_DIR = os.path.join(ROOT, 'build', 'bench')
 OUT = os.path.join(OUT_DIR, 'cells.md')
 LOG_DIR = os.path.join(OUT_DIR, 'cells-logs')
@@ -124,6 +130,7 @@ ECHO_CLIENT = (
     'print(round(statistics.median(ts)*1e6,1))\n'
 )
 
+GUEST_NAME = ['']  # the inventory name of the measured guest (converges are limited to it)
 Row = collections.namedtuple('Row', 'what figure baseline ratio target met')
 
 
@@ -162,8 +169,8 @@ class Guest:
     def __init__(self, inventory):
         with open(inventory) as fh:
             inv = yaml.safe_load(fh)
-        group = inv['all']['children']['chv_lab_bcell']
-        host = next(iter(group['hosts'].values()))
+        group = inv['all']['children']['chv_lab_' + LAB_NAME.replace('-', '_')]
+        self.name, host = next(iter(group['hosts'].items()))  # the lab's first guest
         self.address = host['ansible_host']
         self.key = group['vars']['ansible_ssh_private_key_file']
         self.user = group['vars'].get('ansible_user', 'root')
@@ -205,7 +212,7 @@ def host_address(guest_address):
 def converge(name, slots, host, tags=None, warm=0):
     extra = dict(BASE_VARS, chv_cell_slots=slots, cell_nat_egress_allow=[{'cidr': host, 'comment': 'bench peer'}],
                  chv_cell_warm_slots=warm)
-    args = ['-i', INVENTORY, 'site.yml', '-e', json.dumps(extra)]
+    args = ['-i', INVENTORY, 'site.yml', '-e', json.dumps(extra), '--limit', GUEST_NAME[0]]
     if tags:
         args += ['--tags', tags]
     return playbook(name, args)
@@ -546,8 +553,8 @@ def table(rows):
 def render(result):
     a, c = result['start'], result['nat']
     lines = ['### Cells', '',
-             'Reproduce: `%s` (one lab guest `bcell`, bookworm, 10.99.49.0/28; %s). %s' % (
-                 COMMAND, result['when'], result['wall']),
+             'Reproduce: `%s` (one bookworm lab guest: its own lab `bcell` on 10.99.49.0/28, or in `make bench` the '
+             'first guest of the rollout benchmark\'s lab, CHV_BENCH_LAB; %s). %s' % (COMMAND, result['when'], result['wall']),
              '',
              'Every converge: `site.yml` with `%s` (chv-browser left out: cells do not need it; MemoryMax small '
              'enough for 256 slots on this guest), the lab host\'s address %s allowed in `cell_nat_egress_allow`; '
@@ -619,7 +626,10 @@ def print_tables(result):
 def measure(guest, host):
     result = {'host': host, 'burst': [], 'rules': {}}
     conv = []
-    conv.append('4 slots, whole site.yml %.0f s' % converge('converge-4', 4, host, warm=1))
+    if SHARED_LAB:  # site.yml converged the guest already (the rollout benchmark)
+        conv.append('4 slots %.0f s' % converge('converge-4', 4, host, SLOT_TAGS, warm=1))
+    else:
+        conv.append('4 slots, whole site.yml %.0f s' % converge('converge-4', 4, host, warm=1))
     install_iperf3(guest)
     result['rules'][min(RULE_SLOTS)] = rule_count(guest)
     save_ruleset(guest, min(RULE_SLOTS))
@@ -699,20 +709,29 @@ def main():
         commit += ' with uncommitted changes in the working tree'
     os.makedirs(OUT_DIR, exist_ok=True)
     result = None
+    own = not SHARED_LAB
+    if not own and not os.path.exists(INVENTORY):
+        sys.exit('bench_cells: CHV_BENCH_LAB=%s, but %s is not there (the rollout benchmark keeps it with '
+                 'CHV_BENCH_KEEP_LAB=1)' % (SHARED_LAB, INVENTORY))
     try:
-        playbook('lab-up', ['playbooks/lab_up.yml'] + LAB_VARS)
+        if own:
+            playbook('lab-up', ['playbooks/lab_up.yml'] + LAB_VARS)
         guest = Guest(INVENTORY)
+        GUEST_NAME[0] = guest.name
         host = host_address(guest.address)
         result = measure(guest, host)
     finally:
-        try:
-            playbook('lab-down', ['playbooks/lab_down.yml'] + LAB_VARS)
-        except RuntimeError as exc:
-            log('lab_down failed: %s' % exc)
+        if own:
+            try:
+                playbook('lab-down', ['playbooks/lab_down.yml'] + LAB_VARS)
+            except RuntimeError as exc:
+                log('lab_down failed: %s' % exc)
     wall = time.monotonic() - start
     result['when'] = '%s, commit %s, load average %.1f on %d CPUs at the end' % (
         when, commit, os.getloadavg()[0], os.cpu_count())
-    result['wall'] = 'Wall time %d min %02d s, lab up and down included.' % divmod(int(wall), 60)
+    result['wall'] = 'Wall time %d min %02d s%s.' % (divmod(int(wall), 60) + (
+        ', lab up and down included' if own else ', on the first guest of the rollout benchmark\'s lab `%s`, which '
+        'site.yml had converged' % SHARED_LAB,))
     print_tables(result)
     with open(OUT, 'w') as fh:
         fh.write(render(result))

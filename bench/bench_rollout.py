@@ -316,7 +316,8 @@ def report(info, r, probe, lab, errors, total):
           '**One run per configuration** (the time budget of `make bench`): each figure is a single run, not a median, on a',
           'shared 2-CPU machine (load average at each run\'s start below); both sides of each ratio ran in the same session,',
           'the no-change runs in the order on/1, on/4, off/4, off/1. The whole benchmark took %.0f s (lab up %s, down %s).'
-          % (total, '%.0f s' % lab['up'] if 'up' in lab else '?', '%.0f s' % lab['down'] if 'down' in lab else '?'), '']
+          % (total, '%.0f s' % lab['up'] if 'up' in lab else '?',
+             '%.0f s' % lab['down'] if 'down' in lab else 'not measured: kept for the cells benchmark'), '']
     if probe:
         counts = (probe['on'][1], probe['on'][2], probe['off'][1], probe['off'][2])
         md += ['Pipelining off takes effect: a `ping -b -vvv` with the lab inventory made %d SSH command(s) and %d file PUT(s) with '
@@ -378,10 +379,14 @@ def main():
     except Exception as exc:  # noqa: B902  (whatever went wrong: the lab goes down and the report says it)
         errors.append('%s: %s' % (type(exc).__name__, exc))
     finally:
-        down = run('lab-down', [playbook, 'playbooks/lab_down.yml'] + LAB_ARGS)
-        lab['down'] = down['wall']
-        if down['rc'] != 0:
-            errors.append('lab_down failed (rc=%s), see %s: the lab %s may be left running' % (down['rc'], down['log'], LAB))
+        if os.environ.get('CHV_BENCH_KEEP_LAB') == '1' and not errors:
+            # make bench: the cells benchmark measures on guest 1 next, and make takes the lab down
+            print('lab %s kept (CHV_BENCH_KEEP_LAB=1)' % LAB, flush=True)
+        else:
+            down = run('lab-down', [playbook, 'playbooks/lab_down.yml'] + LAB_ARGS)
+            lab['down'] = down['wall']
+            if down['rc'] != 0:
+                errors.append('lab_down failed (rc=%s), see %s: the lab %s may be left running' % (down['rc'], down['log'], LAB))
     with open(os.path.join(LOG_DIR, 'results.json'), 'w') as handle:
         json.dump({'info': info, 'runs': dict((k, dict((f, v) for f, v in x.items() if f != 'output')) for k, x in r.items()),
                    'probe': probe, 'lab': lab, 'errors': errors}, handle, indent=1)
@@ -389,7 +394,17 @@ def main():
     return 1 if errors else 0
 
 
+def lab_down():
+    """--lab-down: only take this benchmark's lab down (make bench, after
+    the cells benchmark measured on its first guest)."""
+    if not os.path.exists(LAB_DIR):
+        return 0
+    os.makedirs(LOG_DIR, exist_ok=True)
+    down = run('lab-down', [os.path.join(VENV_BIN, 'ansible-playbook'), 'playbooks/lab_down.yml'] + LAB_ARGS)
+    return 0 if down['rc'] == 0 else 1
+
+
 if __name__ == '__main__':
     if shutil.which('systemd-nspawn') is None:
         sys.exit('bench_rollout: needs systemd-nspawn (make sysdeps) and root')
-    sys.exit(main())
+    sys.exit(lab_down() if '--lab-down' in sys.argv[1:] else main())

@@ -163,15 +163,17 @@ print(json.dumps([req["argv"], req["policy"], len(fds)]), flush=True)
 
 
 def test_the_receiver_runs_the_payload_on_the_fds_it_was_given(tmp_path):
-    """warm_receive as a warm cell's pid 2 runs it (python3 -I -S -c SOURCE,
-    fd 0 a socketpair): the payload gets the sent fds as 0/1/2, the start
-    environment, and cannot reach the socketpair; EOF starts nothing (125)."""
-    with open(warm_receive.__file__) as fh:
+    """warm_receive as a warm cell's pid 2 runs it (python3 -I -S -c
+    BOOTSTRAP, fd 0 a socketpair, this file's text its first message): the
+    payload gets the sent fds as 0/1/2, the start environment, and cannot
+    reach the socketpair; EOF starts nothing (125)."""
+    with open(warm_receive.__file__, "rb") as fh:
         source = fh.read()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     env = {"PATH": "/usr/bin:/bin", "CHV_CELL": "1"}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", source], stdin=theirs, env=env)
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", warm_receive.BOOTSTRAP], stdin=theirs, env=env)
     theirs.close()
+    ours.send(source)
     out = tmp_path / "out"
     fd = os.open(out, os.O_WRONLY | os.O_CREAT)
     payload = 'echo "$CHV_CELL $LC_CTYPE"; ls -l /proc/self/fd/0 | grep -c socket; exit 3'
@@ -181,7 +183,9 @@ def test_the_receiver_runs_the_payload_on_the_fds_it_was_given(tmp_path):
     assert out.read_text() == "1 \n0\n"
     ours.close()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", source], stdin=theirs, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", warm_receive.BOOTSTRAP], stdin=theirs,
+                            stderr=subprocess.PIPE)
     theirs.close()
+    ours.send(source)
     ours.close()
     assert proc.wait(10) == 125 and b"nothing started" in proc.stderr.read()

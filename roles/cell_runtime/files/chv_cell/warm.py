@@ -143,15 +143,17 @@ class WarmCell(runner.Launcher):
         self.spawn_stdin = theirs.detach()
 
     def cell_command(self, command):
-        with open(warm_receive.__file__, encoding="utf-8") as fh:
-            source = fh.read()
-        return [self.policy["python"], "-I", "-S", "-c", source]
+        return [self.policy["python"], "-I", "-S", "-c", warm_receive.BOOTSTRAP]
 
     def spawn(self, argv, cgroup_dirs):
         try:
-            return super().spawn(argv, cgroup_dirs)
+            proc = super().spawn(argv, cgroup_dirs)
         finally:
             os.close(self.spawn_stdin)  # the cell holds the other end now
+        # the receiver's program, its first message (BOOTSTRAP runs it)
+        with open(warm_receive.__file__, "rb") as fh:
+            self._ours.send(fh.read())
+        return proc
 
     def stale(self):
         return files_stamp(watched_files(self.policy_path)) != self.stamp

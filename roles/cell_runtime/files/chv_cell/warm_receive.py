@@ -2,8 +2,9 @@
 
 A warm cell (``chv-cell warm``, docs/cells.md "Warm cells") is started,
 configured and checked like any cell, and its start gate opened; its pid 2
-is this program (run as ``python3 -I -S -c <this file's text>``, so that no
-file of the launcher needs to be visible in the cell).  It blocks on fd 0,
+is ``python3 -I -S -c BOOTSTRAP``, which reads this file's text as the
+first message on fd 0 and runs it (no file of the launcher needs to be
+visible in the cell, and ``ps`` shows a short command line).  It blocks on fd 0,
 one end of a socketpair the warm launcher created before the cell started
 (no other process, in any cell or on the guest, holds the other end), until
 the launcher sends one message: the payload's argv as JSON with the
@@ -24,6 +25,10 @@ import os
 import socket
 
 REQUEST_MAX = 131072  # bytes of JSON; a longer argv goes to a cold cell
+# pid 2 of a warm cell: runs the program the launcher sends first on fd 0
+# (this file) as __main__
+BOOTSTRAP = ("import socket; sock = socket.socket(fileno=0); source = sock.recv(1 << 20); sock.detach(); "
+             "exec(compile(source, 'chv-cell-warm-receive', 'exec'), {'__name__': '__main__'})")
 STDIO_FDS = 3
 EXIT_NOT_STARTED = 125
 

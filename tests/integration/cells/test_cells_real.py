@@ -900,9 +900,17 @@ def test_a_warm_cell_is_not_used_with_another_policy_or_after_a_hidden_path_appe
 
 
 def test_a_warm_cell_checks_the_ruleset_again_at_hand_over(env, warm, host_table):
-    """The table is deleted after the warm cell started (checked then): the
-    hand-over refuses with the cold launcher's message, exit 125, no
-    payload. Control: with the table loaded, the same run in a warm cell."""
+    """Without the table no warm cell starts. The table deleted after the
+    warm cell started (checked then): the hand-over refuses with the cold
+    launcher's message, exit 125, no payload. Control: with the table
+    loaded, the same run in a warm cell."""
+    # no table at all: no warm cell is started (nothing listens), the launcher says why and exits after a pause
+    sock = os.path.join(env["pol"]["state_dir"], "warm", "slot0.sock")
+    idle = subprocess.Popen([sys.executable, "-I", ENTRY, "--policy", env["warm_ruleset"], "warm", "--slot", "slot0"],
+                            stderr=subprocess.PIPE, text=True)
+    err = idle.communicate(timeout=30)[1]
+    assert idle.returncode == 125 and "is not loaded" in err and "no warm cell for 5s" in err, err
+    assert not os.path.exists(sock) and leftovers(env["pol"]) == []
     host_table(["lth20", "lth21"])
     w = warm(env["warm_ruleset"])
     assert nft("delete", "table", "inet", "chv_cell").returncode == 0

@@ -284,6 +284,15 @@ class WarmCell(runner.Launcher):
                        % (self.slot_name, ", ".join(p["warm_slots"]) or "none"))
             return EXIT_NOT_WARM
         slot = policymod.slot_by_name(p, self.slot_name)
+        if p["require_ruleset"]:
+            # no cell while the ruleset does not cover the slot (e.g. cell_nat
+            # not converged yet): a start would be refused at its end anyway
+            try:
+                self.check_ruleset(slot)
+            except runner.SetupError as exc:
+                runner.log("slot %s: %s; no warm cell for %gs" % (slot["name"], exc, RETRY_BACKOFF))
+                time.sleep(RETRY_BACKOFF)
+                return runner.EXIT_SETUP
         self.install_signals()
         try:
             lock = argvmod.cell_paths(p, slot)["lock"]

@@ -308,14 +308,18 @@ def main(argv=None):
     if listener is None:
         if not args.listen:
             ap.error("no socket passed by systemd (LISTEN_FDS) and no --listen")
+        # bound under a temporary name, listening, then renamed into place:
+        # the path exists only once it accepts connections
+        tmp = "%s.%d.tmp" % (args.listen, os.getpid())
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            os.unlink(args.listen)
+            os.unlink(tmp)
         except FileNotFoundError:
             pass
-        listener.bind(args.listen)
-        os.chmod(args.listen, 0o666)
+        listener.bind(tmp)
+        os.chmod(tmp, 0o666)
         listener.listen(64)
+        os.rename(tmp, args.listen)
     broker = Broker(cfg)
     signal.signal(signal.SIGTERM, broker.stop)
     signal.signal(signal.SIGINT, broker.stop)

@@ -553,26 +553,32 @@ class Server:
 
 
 def bind_socket(cfg):
+    """Listen on cfg["socket"]: bound under a temporary name, given its mode
+    and group, listening, then renamed into place, so that the path exists
+    only once it accepts connections (a client that sees it never gets
+    ECONNREFUSED from a socket not listening yet)."""
     path = cfg["socket"]
     d = os.path.dirname(path)
     os.makedirs(d, mode=0o750, exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
-        os.unlink(path)
+        os.unlink(tmp)
     except FileNotFoundError:
         pass
     old = os.umask(0o117)
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(path)
+        s.bind(tmp)
     finally:
         os.umask(old)
-    os.chmod(path, 0o660)
+    os.chmod(tmp, 0o660)
     os.chmod(d, 0o750)
     if cfg["socket_group"]:
         gid = grp.getgrnam(cfg["socket_group"]).gr_gid
         os.chown(d, -1, gid)
-        os.chown(path, -1, gid)
+        os.chown(tmp, -1, gid)
     s.listen(32)
+    os.rename(tmp, path)
     return s
 
 

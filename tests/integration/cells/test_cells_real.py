@@ -237,9 +237,14 @@ def test_all_slots_busy_waits_then_fails_cleanly(env):
                for n in ("slot0", "slot1")]
     try:
         recs = [wait_record(env, n, h) for n, h in zip(("slot0", "slot1"), holders)]
-        # the live record names the cell's leader, in the slot's uid range
+        # the live record names the cell's leader, in the slot's uid range (the
+        # record is written as soon as the leader exists; nspawn writes its
+        # uid_map a moment later)
         for rec, s in zip(recs, env["pol"]["slots"]):
             assert rec["slot"] == s["name"] and rec["uid_base"] == s["uid_base"]
+            end = time.monotonic() + 10
+            while not open("/proc/%d/uid_map" % rec["pid"]).read() and time.monotonic() < end:
+                time.sleep(0.02)
             assert open("/proc/%d/uid_map" % rec["pid"]).read().split()[:2] == ["0", str(s["uid_base"])]
         t = time.monotonic()
         r = run(env["policy"], "--timeout", "0.6", "--", "true")

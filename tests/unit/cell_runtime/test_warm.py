@@ -118,9 +118,10 @@ class _Caller(object):
 
 def test_no_ready_warm_cell_means_a_cold_start(warm_policy):
     caller = _Caller(warm_policy)
-    assert warm.handover(caller, [warm_policy["slots"][1]["name"]], ["true"], 0, 0.0) is None
-    caller_long = warm.handover(caller, [warm_policy["slots"][1]["name"]], ["x" * warm_receive.REQUEST_MAX], 0, 0.0)
-    assert caller_long is None and "too long for a warm cell" in caller.said[-1]
+    req = warm.request(caller, ["true"], 0)
+    assert req is not None and warm.handover(caller, [warm_policy["slots"][1]["name"]], req, 0.0) is None
+    assert warm.request(caller, ["x" * warm_receive.REQUEST_MAX], 0) is None
+    assert "too long for a warm cell" in caller.said[-1]
 
 
 def test_a_hand_over_passes_argv_and_the_callers_stdio_and_returns_the_exit_code(warm_policy, tmp_path):
@@ -151,7 +152,8 @@ print(json.dumps([req["argv"], req["policy"], len(fds)]), flush=True)
     saved = os.dup(1)
     os.dup2(fd, 1)
     try:
-        rc = warm.handover(_Caller(pol), [name], ["echo", "hi"], 0, 0.0)
+        caller = _Caller(pol)
+        rc = warm.handover(caller, [name], warm.request(caller, ["echo", "hi"], 0), 0.0)
     finally:
         os.dup2(saved, 1)
         os.close(saved)

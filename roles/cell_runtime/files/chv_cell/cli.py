@@ -154,7 +154,7 @@ def print_status(pol):
                 state = "idle"
             elif runner.warm_idle(rec) and alive:
                 # no payload runs: idle, never "running pid=N" (the drain's pattern)
-                state = "idle (warm cell %s, pid %s)" % ("ready" if runner.warm_waiting(pol, s) else "starting", rec["pid"])
+                state = "idle (warm cell %s, pid %s)" % ("ready" if runner.warm_waiting(pol, s, rec) else "starting", rec["pid"])
             else:
                 state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -145,9 +145,11 @@ def warm_idle(rec):
     return bool(rec and rec.get("warm") and not rec.get("payload"))
 
 
-def warm_waiting(policy, slot):
-    """The slot's warm cell is started and waits for a payload."""
-    return warm_idle(read_record(policy, slot)) and os.path.exists(argvmod.cell_paths(policy, slot)["warm_socket"])
+def warm_waiting(policy, slot, rec=None):
+    """The slot's warm cell is started and waits for a payload (``rec``: its
+    record, when the caller has read it already)."""
+    rec = read_record(policy, slot) if rec is None else rec
+    return warm_idle(rec) and os.path.exists(argvmod.cell_paths(policy, slot)["warm_socket"])
 
 
 def payload_running(policy, slot):
@@ -978,11 +980,14 @@ class Launcher:
         deadline = start + wait
         cold = [lk for lk in locks if lk[0] not in warm]
         delay = 0.05
+        req = None
+        if warm:
+            from . import warm as warmmod  # noqa: PLC0415 (only with warm slots)
+
+            req = warmmod.request(self, command, runtime_max)
         while True:
             if warm:
-                from . import warm as warmmod  # noqa: PLC0415 (only with warm slots)
-
-                rc = warmmod.handover(self, warm, command, runtime_max, t0)
+                rc = None if req is None else warmmod.handover(self, warm, req, t0)
                 if rc is not None:
                     return rc
                 if time.monotonic() - start > self.policy["start_timeout"]:

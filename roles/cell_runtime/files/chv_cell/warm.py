@@ -42,6 +42,7 @@ MESSAGE_MAX = warm_receive.REQUEST_MAX + 4096
 STAMP_POLL = 1.0  # seconds between checks of the policy and launcher files while idle
 RETRY_BACKOFF = 5.0  # seconds a warm launcher waits after a cell failed to start
 EXIT_NOT_WARM = 3  # the slot is not in warm_slots (the unit's RestartPreventExitStatus)
+STALE = "the policy or the launcher changed since the warm cell started"
 
 
 def socket_path(policy, name):
@@ -95,27 +96,20 @@ def check_request(req, policy_runtime_max):
     if req is None:
         raise ValueError("the request is not a JSON object")
     argv = req.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv) or not argv[0]:
+    if not warm_receive.valid_argv(argv):
         raise ValueError("the request has no argv")
     # the caller sends its effective runtime_max (0: none), checked again here
     return argv, policymod.effective_runtime_max(policy_runtime_max, req.get("runtime_max") or None)
 
 
-def _recv(sock, size=MESSAGE_MAX):
+def _recv(sock):
     """One message with any fds attached: (dict or None, [fds])."""
-    fds = array.array("i")
-    try:
-        data, anc, flags, dummy = sock.recvmsg(size, socket.CMSG_SPACE(warm_receive.STDIO_FDS * fds.itemsize))
-    except OSError:
-        return None, []
-    for level, kind, raw in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(raw[:len(raw) - len(raw) % fds.itemsize])
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+    data, fds, truncated = warm_receive.receive(sock, MESSAGE_MAX)
+    if truncated:
         for fd in fds:
             os.close(fd)
         return None, []
-    return decode(data), list(fds)
+    return decode(data), fds
 
 
 def _send(sock, obj):
@@ -160,7 +154,7 @@ class WarmCell(runner.Launcher):
 
     def after_gate(self, slot, proc, pidfd, runtime_max):
         """Listen for one caller; check; hand the payload to the cell."""
-        path = socket_path(self.policy, slot["name"])
+        path = argvmod.cell_paths(self.policy, slot)["warm_socket"]
         runner._ensure_dir(os.path.dirname(path), 0o700)
         runner._unlink(path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -177,7 +171,7 @@ class WarmCell(runner.Launcher):
                 if proc.poll() is not None or pidfd in ready:
                     raise runner.SetupError("the warm cell ended before a payload arrived")
                 if self.stale():
-                    self._retire("the policy or the launcher changed since the warm cell started; replacing it")
+                    self._retire(STALE + "; replacing it")
                 if listener.fileno() not in ready:
                     continue
                 self.conn, dummy = listener.accept()
@@ -205,7 +199,8 @@ class WarmCell(runner.Launcher):
         req, fds = _recv(self.conn)
         try:
             if len(fds) != warm_receive.STDIO_FDS:
-                self._refuse(runner.EXIT_SETUP, "the warm cell got %d file descriptors, not %d" % (len(fds), 3))
+                self._refuse(runner.EXIT_SETUP, "the warm cell got %d file descriptors, not %d"
+                             % (len(fds), warm_receive.STDIO_FDS))
                 self._retire("a caller sent %d file descriptors" % len(fds))
             try:
                 argv, runtime_max = check_request(req, self.policy["runtime_max"])
@@ -213,8 +208,8 @@ class WarmCell(runner.Launcher):
                 self._refuse(runner.EXIT_CONFIG, str(exc))
                 self._retire("refused a request: %s" % exc)
             if self.stale():
-                _send(self.conn, {"retry": "the policy or the launcher changed since the warm cell started"})
-                self._retire("the policy or the launcher changed since the warm cell started; replacing it")
+                _send(self.conn, {"retry": STALE})
+                self._retire(STALE + "; replacing it")
             if runner.probe(argvmod.probe_paths(self.policy, slot)) != self.paths_probed:
                 # e.g. a file to hide (policy inaccessible) created since: its
                 # --inaccessible= is not in this cell's argv
@@ -317,17 +312,23 @@ class WarmCell(runner.Launcher):
         return rc
 
 
-def handover(launcher, names, command, runtime_max, t0):
-    """The caller's side: offer ``command`` to the ready warm cells of the
-    slots ``names`` in turn.  Returns the run's exit code, or None when no
-    warm cell took it (none ready, all taken meanwhile, or the argv is too
-    long for a message): the caller then starts a cold cell."""
-    p = launcher.policy
+def request(launcher, command, runtime_max):
+    """A caller's request for handover (built once per run), or None when
+    the argv is too long for one message (a cold cell then)."""
     req = encode({"argv": list(command), "runtime_max": runtime_max, "caller": launcher.caller,
-                  "policy": policy_digest(p)})
+                  "policy": policy_digest(launcher.policy)})
     if len(req) > warm_receive.REQUEST_MAX:
         launcher.debug("the command line is too long for a warm cell (%d bytes); starting a cold one" % len(req))
         return None
+    return req
+
+
+def handover(launcher, names, req, t0):
+    """The caller's side: offer the request ``req`` (request()) to the ready
+    warm cells of the slots ``names`` in turn.  Returns the run's exit code,
+    or None when no warm cell took it (none ready, or all taken meanwhile):
+    the caller then starts a cold cell."""
+    p = launcher.policy
     stdio = _stdio_fds()
     try:
         for name in names:

@@ -43,6 +43,13 @@ def parse_environ(raw):
     return env
 
 
+def valid_argv(argv):
+    """A payload's argv: a non-empty list of strings without NUL, the first
+    non-empty (the warm launcher checks a caller's request with it too)."""
+    return isinstance(argv, list) and bool(argv) and all(isinstance(a, str) and "\0" not in a for a in argv) \
+        and bool(argv[0])
+
+
 def parse_request(msg, fds, truncated):
     """The payload's argv from the launcher's message, or ValueError: JSON
     ``{"argv": [str, ...]}`` with a non-empty first word and exactly three
@@ -56,7 +63,7 @@ def parse_request(msg, fds, truncated):
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError("the payload message is not JSON: %s" % exc)
     argv = req.get("argv") if isinstance(req, dict) else None
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv) or not argv[0]:
+    if not valid_argv(argv):
         raise ValueError("the payload message has no argv")
     return argv
 
@@ -68,11 +75,13 @@ def _say(text):
         pass
 
 
-def receive(sock):
-    """(msg, fds, truncated) of one message on ``sock``; msg is b"" at EOF."""
+def receive(sock, size=REQUEST_MAX):
+    """(msg, fds, truncated) of one message on ``sock`` (at most ``size``
+    bytes and STDIO_FDS file descriptors); msg is b"" at EOF or on an error.
+    The warm launcher receives its callers' requests with it too."""
     fds = array.array("i")
     try:
-        msg, anc, flags, dummy = sock.recvmsg(REQUEST_MAX, socket.CMSG_SPACE(STDIO_FDS * fds.itemsize))
+        msg, anc, flags, dummy = sock.recvmsg(size, socket.CMSG_SPACE(STDIO_FDS * fds.itemsize))
     except OSError:
         return b"", [], False
     for level, kind, data in anc:

@@ -41,9 +41,11 @@ def run_audit(host, counter_proof, runs=100):
     """chv-cell audit on ``host`` as the catalog tests run it: (exit code,
     report, counter-proof report or None, the report files)."""
     lab = lab_guest(host)["host_address"]
-    if DENIED:
-        subprocess.run(["ip", "addr", "add", DENIED + "/32", "dev", "lo"], check=True)
     try:
+        if DENIED:
+            # replace, not add: a run killed before its cleanup left the
+            # address behind, and the next run's add failed on it (EEXIST)
+            subprocess.run(["ip", "addr", "replace", DENIED + "/32", "dev", "lo"], check=True)
         with HelloServer(lab) as allow, HelloServer(DENIED or lab) as deny:
             argv = ["chv-cell audit --json --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, allow.port),
                     "--allow-url http://%s:%d/" % (lab, allow.port), "--trusted /etc/chv-fleet/nft/cell-nat.nft",

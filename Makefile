@@ -19,7 +19,9 @@ VENV312 := $(ROOT)/.venv312
 # pyenv's interpreters under /root), driving Debian's chromium.
 BROWSER_VENV := $(ROOT)/build/browser-venv
 BUILD := $(ROOT)/build
-# Development collections path: ansible_collections/chv/fleet -> this checkout.
+# Development collections path: ansible_collections/chv/fleet -> this checkout,
+# ansible_collections/chv/fleet_lab -> lab/ (the test lab: an internal
+# collection that Molecule, make demo and the tests use; never released).
 DEVCOLL := $(BUILD)/dev-collections
 export ANSIBLE_COLLECTIONS_PATH := $(DEVCOLL)
 export ANSIBLE_ROLES_PATH := $(ROOT)/roles
@@ -44,7 +46,7 @@ INTEGRATION := cells netns broker browser playbooks
 # nothing in common: the host lane uses this machine's own namespaces (veths
 # lth*, netns cnt-*), each lab its own network, table and guests; the image
 # and wheel caches are shared under locks.
-LANE_host := lint sanity units install-check integration test-leg312
+LANE_host := lint sanity units release-check integration test-leg312
 LANE_guests1 := molecule-fleet
 LANE_guests2 := molecule-trixie
 LANE_lab := lab-tests
@@ -53,7 +55,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 
 .PHONY: fuzz help sysdeps venv venv312 browser-venv devcoll lint sanity units integration $(INTEGRATION:%=integration-%) \
         lab-tests molecule $(SCENARIOS:%=molecule-%) test test-leg312 $(LANES:%=lane-%) \
-        demo lab-down build install-check bench lock clean
+        demo lab-down build release-check bench lock clean
 
 help:
 	@echo "make demo      bring up a lab guest, converge site.yml on it, print a summary"
@@ -86,16 +88,21 @@ venv312: $(VENV312)/.stamp
 devcoll:
 	@mkdir -p $(DEVCOLL)/ansible_collections/chv
 	@ln -sfn $(ROOT) $(DEVCOLL)/ansible_collections/chv/fleet
+	@ln -sfn $(ROOT)/lab $(DEVCOLL)/ansible_collections/chv/fleet_lab
 
 lint: venv
 	PATH=$(VENV)/bin:$$PATH ansible-lint
 
 # ansible-test needs the collection at .../ansible_collections/chv/fleet and a
-# get-pip bootstrap it cannot download here (hack/get_pip_standin.py).
+# get-pip bootstrap it cannot download here (hack/get_pip_standin.py). It
+# runs on what ships (the built tarball, installed) plus the sanity ignore
+# files (tests/ does not ship).
 define sanity_run
 	rm -rf $(BUILD)/sanity-$(1) && mkdir -p $(BUILD)/sanity-$(1)
 	$(2)/bin/ansible-galaxy collection build --force --output-path $(BUILD)/sanity-$(1) $(ROOT) >/dev/null
 	$(2)/bin/ansible-galaxy collection install --force -p $(BUILD)/sanity-$(1)/coll $(BUILD)/sanity-$(1)/chv-fleet-*.tar.gz >/dev/null
+	mkdir -p $(BUILD)/sanity-$(1)/coll/ansible_collections/chv/fleet/tests && \
+	  cp -r $(ROOT)/tests/sanity $(BUILD)/sanity-$(1)/coll/ansible_collections/chv/fleet/tests/
 	pipver=$$(grep -o "pip='[0-9.]*'" $(2)/lib/python*/site-packages/ansible_test/_internal/python_requirements.py | head -n1 | cut -d"'" -f2); \
 	  mkdir -p $$HOME/.ansible/test/cache; cp hack/get_pip_standin.py $$HOME/.ansible/test/cache/get_pip_$${pipver//./_}.py
 	cd $(BUILD)/sanity-$(1)/coll/ansible_collections/chv/fleet && git init -q . && git add -A >/dev/null && \
@@ -177,20 +184,19 @@ build: venv
 	mkdir -p $(BUILD)/dist
 	$(VENV)/bin/ansible-galaxy collection build --force --output-path $(BUILD)/dist $(ROOT)
 
-# The built tarball works once installed into an empty collections path.
-install-check: build
-	rm -rf $(BUILD)/install-check && mkdir -p $(BUILD)/install-check
-	ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check $(VENV)/bin/ansible-galaxy collection install -p $(BUILD)/install-check $(BUILD)/dist/chv-fleet-*.tar.gz
-	cd /tmp && ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check ANSIBLE_ROLES_PATH= $(VENV)/bin/ansible-doc -l chv.fleet
-	cd /tmp && ANSIBLE_COLLECTIONS_PATH=$(BUILD)/install-check ANSIBLE_ROLES_PATH= $(VENV)/bin/ansible-playbook chv.fleet.site --syntax-check -i localhost,
+# The released collection as an operator gets it (tests/release): the
+# tarball's members, installed into an empty collections path (ansible-doc,
+# syntax check), the execution environment's build context, the changelog.
+release-check: venv
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/release -q -p no:cacheprovider
 
 demo: sysdeps venv
-	PATH=$(VENV)/bin:$$PATH ansible-playbook playbooks/lab_up.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
+	PATH=$(VENV)/bin:$$PATH ansible-playbook lab/playbooks/lab_up.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
 	PATH=$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) site.yml | tee $(BUILD)/demo-converge.log
 	$(VENV)/bin/python hack/demo_summary.py $(DEMO_INVENTORY) $(BUILD)/demo-converge.log
 
 lab-down: venv
-	PATH=$(VENV)/bin:$$PATH ansible-playbook playbooks/lab_down.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
+	PATH=$(VENV)/bin:$$PATH ansible-playbook lab/playbooks/lab_down.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
 
 # make bench: benchmarks, not tests (no timing assertions): each prints its
 # medians and ratios and writes a fragment build/bench/NAME.md, which

@@ -715,7 +715,7 @@ def main():
                  'CHV_BENCH_KEEP_LAB=1)' % (SHARED_LAB, INVENTORY))
     try:
         if own:
-            playbook('lab-up', ['playbooks/lab_up.yml'] + LAB_VARS)
+            playbook('lab-up', ['lab/playbooks/lab_up.yml'] + LAB_VARS)
         guest = Guest(INVENTORY)
         GUEST_NAME[0] = guest.name
         host = host_address(guest.address)
@@ -723,7 +723,7 @@ def main():
     finally:
         if own:
             try:
-                playbook('lab-down', ['playbooks/lab_down.yml'] + LAB_VARS)
+                playbook('lab-down', ['lab/playbooks/lab_down.yml'] + LAB_VARS)
             except RuntimeError as exc:
                 log('lab_down failed: %s' % exc)
     wall = time.monotonic() - start

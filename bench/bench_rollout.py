@@ -2,7 +2,7 @@
 1 lab guest and on 4 lab guests at once, side by side in one run (issue 16).
 
 Brings up one local lab, `brollout` (5 bookworm guests on 10.99.48.0/24,
-playbooks/lab_up.yml), and measures, one ansible-playbook run per
+lab/playbooks/lab_up.yml), and measures, one ansible-playbook run per
 configuration (the time budget of `make bench` allows no repeats):
   1. the first converge of site.yml on guest 1 alone, then on guests 2-5
      together (--limit, -f 5, one batch: -e chv_fleet_batches=["100%"]);
@@ -17,7 +17,7 @@ configuration (the time budget of `make bench` allows no repeats):
      from bench/callback_plugins/bench_task_times.py (enabled through
      ANSIBLE_CALLBACK_PLUGINS / ANSIBLE_CALLBACKS_ENABLED for these runs
      only): the 15 slowest tasks.
-Then destroys the lab (playbooks/lab_down.yml), also when a step failed.
+Then destroys the lab (lab/playbooks/lab_down.yml), also when a step failed.
 
 Prints a table and writes the Markdown fragment build/bench/rollout.md
 (bench/report.py collects it into docs/performance.md); each run's output
@@ -354,8 +354,8 @@ def main():
     playbook = os.path.join(VENV_BIN, 'ansible-playbook')
     try:
         if os.path.exists(LAB_DIR):   # left by an interrupted run: its guests are not fresh
-            run('lab-down-stale', [playbook, 'playbooks/lab_down.yml'] + LAB_ARGS)
-        up = run('lab-up', [playbook, 'playbooks/lab_up.yml'] + LAB_ARGS)
+            run('lab-down-stale', [playbook, 'lab/playbooks/lab_down.yml'] + LAB_ARGS)
+        up = run('lab-up', [playbook, 'lab/playbooks/lab_up.yml'] + LAB_ARGS)
         lab['up'] = up['wall']
         if up['rc'] != 0:
             raise RuntimeError('lab_up failed (rc=%s), see %s' % (up['rc'], up['log']))
@@ -383,7 +383,7 @@ def main():
             # make bench: the cells benchmark measures on guest 1 next, and make takes the lab down
             print('lab %s kept (CHV_BENCH_KEEP_LAB=1)' % LAB, flush=True)
         else:
-            down = run('lab-down', [playbook, 'playbooks/lab_down.yml'] + LAB_ARGS)
+            down = run('lab-down', [playbook, 'lab/playbooks/lab_down.yml'] + LAB_ARGS)
             lab['down'] = down['wall']
             if down['rc'] != 0:
                 errors.append('lab_down failed (rc=%s), see %s: the lab %s may be left running' % (down['rc'], down['log'], LAB))
@@ -400,7 +400,7 @@ def lab_down():
     if not os.path.exists(LAB_DIR):
         return 0
     os.makedirs(LOG_DIR, exist_ok=True)
-    down = run('lab-down', [os.path.join(VENV_BIN, 'ansible-playbook'), 'playbooks/lab_down.yml'] + LAB_ARGS)
+    down = run('lab-down', [os.path.join(VENV_BIN, 'ansible-playbook'), 'lab/playbooks/lab_down.yml'] + LAB_ARGS)
     return 0 if down['rc'] == 0 else 1
 
 

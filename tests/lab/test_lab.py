@@ -68,7 +68,7 @@ def test_guest_that_fails_to_boot_is_reported_and_removed(tmp_path):
     subprocess.run(["bash", "-c", "mkdir -p %s/r/etc/ssh %s/r/root && tar --zstd -cf %s -C %s/r ."
                     % (tmp_path, tmp_path, broken, tmp_path)], check=True)
     proc = subprocess.run(
-        [os.path.join(BIN, "ansible"), "localhost", "-m", "chv.fleet.lab_guest", "-a", json.dumps(dict(
+        [os.path.join(BIN, "ansible"), "localhost", "-m", "chv.fleet_lab.lab_guest", "-a", json.dumps(dict(
             name=lab + "1", lab=lab, lab_dir=lab_dir, image=str(broken), address="10.99.31.2",
             host_address="10.99.31.1", authorized_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5 lab", boot_timeout=5))],
         capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1"), timeout=120, check=False)

@@ -173,7 +173,7 @@ def test_a_reboot_keeps_the_ledger_and_restores_the_boundary_before_sshd_without
     args = {"name": guest["name"], "lab": record["lab"], "lab_dir": str(LAB_ROOT / record["lab"]),
             "state": "rebooted", "address": guest["address"], "host_address": guest["host_address"],
             "ifname": guest["ifname"], "prefixlen": guest["prefixlen"]}
-    proc = subprocess.run(["ansible", "localhost", "-m", "chv.fleet.lab_guest", "-a", json.dumps(args)],
+    proc = subprocess.run(["ansible", "localhost", "-m", "chv.fleet_lab.lab_guest", "-a", json.dumps(args)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0 and "CHANGED" in proc.stdout, proc.stdout + proc.stderr
     with host.sudo():

@@ -1,4 +1,4 @@
-"""The lab host's guard rail (roles/lab/templates/nat.nft.j2), loaded into a
+"""The lab host's guard rail (lab/roles/lab/templates/nat.nft.j2), loaded into a
 network namespace that stands in for the lab host.
 
 Topology (every address lives only inside the namespaces made here)::
@@ -15,6 +15,7 @@ without the table the same probes arrive.
 """
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -23,11 +24,12 @@ import pytest
 
 import cellnat_lab
 from cellnat_lab import run
+from testpaths import LAB_ROLE
 
 _SKIP = cellnat_lab.lab_available()
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
-TEMPLATE = cellnat_lab.REPO / "roles" / "lab" / "templates" / "nat.nft.j2"
+TEMPLATE = pathlib.Path(LAB_ROLE) / "templates" / "nat.nft.j2"
 LAB_NET = "10.99.30.0/28"
 RESOLVER = "10.255.255.53"
 

@@ -1,4 +1,4 @@
-"""Unit and property tests of the lab's pure functions (plugins/module_utils/lab.py):
+"""Unit and property tests of the lab's pure functions (lab/plugins/module_utils/lab.py):
 name validation, guest names, the address plan, route overlaps, apt source
 parsing, mmdebstrap source lines and image cache keys."""
 
@@ -7,8 +7,8 @@ import ipaddress
 import pytest
 from hypothesis import given, strategies as st
 
-from ansible_collections.chv.fleet.plugins.module_utils import lab
-from ansible_collections.chv.fleet.plugins.module_utils.lab import LabError
+from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
+from ansible_collections.chv.fleet_lab.plugins.module_utils.lab import LabError
 
 
 # ---------------------------------------------------------------------------

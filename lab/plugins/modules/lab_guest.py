@@ -13,7 +13,7 @@ module: lab_guest
 short_description: Boot or destroy one local systemd-nspawn lab guest
 version_added: 0.1.0
 description:
-  - Unpacks a cached root file system (see M(chv.fleet.lab_image)), boots it
+  - Unpacks a cached root file system (see M(chv.fleet_lab.lab_image)), boots it
     with C(systemd-nspawn -b) in cgroups of its own with the unified cgroup
     hierarchy, gives it a veth and a /30 to the lab host, a per-lab SSH key,
     its hostname and /etc/hosts, and waits until its sshd accepts connections.
@@ -27,7 +27,7 @@ description:
     firewall state) is gone. It fails when the guest was never created.
   - A guest that does not come up is reported with the tail of its console
     and removed (with I(state=rebooted), left stopped, its root kept).
-  - Part of the local test lab (C(chv.fleet.lab_up)); runs on the lab host as root.
+  - Part of the local test lab (C(chv.fleet_lab.lab_up)); runs on the lab host as root.
 author:
   - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment:
@@ -95,7 +95,7 @@ options:
 
 EXAMPLES = r"""
 - name: Boot guest lab1
-  chv.fleet.lab_guest:
+  chv.fleet_lab.lab_guest:
     name: lab1
     lab: lab
     lab_dir: /var/lib/chv-fleet-lab/lab
@@ -132,7 +132,7 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.chv.fleet.plugins.module_utils import lab
+from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
 
 
 class Guest(object):

@@ -18,7 +18,7 @@ description:
     cache directory outside the checkout.
   - The cache entry is keyed by distribution, package list and apt sources;
     a matching entry is reused without touching the network.
-  - Part of the local test lab (C(chv.fleet.lab_up)); runs on the lab host.
+  - Part of the local test lab (C(chv.fleet_lab.lab_up)); runs on the lab host.
 author:
   - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment:
@@ -58,7 +58,7 @@ options:
 
 EXAMPLES = r"""
 - name: Image with the roles' packages baked in
-  chv.fleet.lab_image:
+  chv.fleet_lab.lab_image:
     distro: bookworm
     packages: [systemd-container, nftables]
     cache_dir: /root/.cache/chv-fleet/images
@@ -93,7 +93,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.chv.fleet.plugins.module_utils import lab
+from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
 
 
 def _host_mirrors():

@@ -19,7 +19,7 @@ description:
     long for the host-side veth name, the count is out of range, the
     distribution is unknown, or the address range overlaps a route of the
     lab host that does not belong to this lab's own guests.
-  - Changes nothing; the first step of C(chv.fleet.lab_up).
+  - Changes nothing; the first step of C(chv.fleet_lab.lab_up).
 author:
   - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment:
@@ -69,7 +69,7 @@ options:
 
 EXAMPLES = r"""
 - name: Plan a two-guest lab
-  chv.fleet.lab_plan:
+  chv.fleet_lab.lab_plan:
     lab_name: demo
     count: 2
     distro: bookworm
@@ -107,7 +107,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.chv.fleet.plugins.module_utils import lab
+from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
 
 
 def main():

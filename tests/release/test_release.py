@@ -1,0 +1,155 @@
+"""The released collection as an operator gets it (make release-check).
+
+`ansible-galaxy collection build` of this checkout, then:
+- the tarball's members: LICENSE, operator content only (no tests, Molecule,
+  benchmarks, helper scripts, tool configuration or the test lab);
+- installed into an empty collections path: ansible-doc lists exactly the
+  roles and plugins of the repository's operator content, and
+  chv.fleet.site passes --syntax-check;
+- the execution environment: `ansible-builder create` with
+  docs/examples/execution-environment holds the collection, and the
+  context's own introspection (the script the image build runs) finds the
+  collection's controller needs (netaddr, the ssh client);
+- the changelog: antsibull-changelog lint, and CHANGELOG.rst lists the
+  version galaxy.yml builds.
+"""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+import yaml
+
+from testpaths import ROOT
+
+BIN = os.path.dirname(sys.executable)
+GALAXY = yaml.safe_load(open(os.path.join(ROOT, "galaxy.yml"), encoding="utf-8"))
+VERSION = GALAXY["version"]
+EE_EXAMPLE = os.path.join(ROOT, "docs", "examples", "execution-environment")
+
+# Top-level entries of the tarball: operator content, and nothing else.
+SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG.rst", "site.yml", "remove.yml",
+               "requirements.txt", "bindep.txt", "meta", "playbooks", "roles", "plugins", "docs", "changelogs"}
+# What must never ship, named (a second look beside the allow-list above).
+NEVER = ("tests/", "molecule/", "bench/", "hack/", "lab/", ".config/", ".ci/", "requirements/",
+         "roles/lab/", "plugins/modules/lab_", "plugins/module_utils/lab.py", "playbooks/lab_",
+         ".ansible-lint", "changelogs/fragments/", "Makefile")
+
+
+def run(cmd, env=None, cwd="/tmp"):
+    proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, check=False)
+    assert proc.returncode == 0, "%s: rc %d\n%s\n%s" % (cmd, proc.returncode, proc.stdout, proc.stderr)
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tarball(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--force", "--output-path", str(out), ROOT])
+    path = out / ("chv-fleet-%s.tar.gz" % VERSION)
+    assert path.is_file()
+    return path
+
+
+@pytest.fixture(scope="module")
+def installed(tarball, tmp_path_factory):
+    """The tarball installed into an empty collections path; the env that sees only it."""
+    path = tmp_path_factory.mktemp("collections")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_ROLES_PATH=str(path / "no-roles"))
+    run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(path), str(tarball)], env=env)
+    return path, env
+
+
+def members(tarball):
+    with tarfile.open(tarball) as tar:
+        return [m.name for m in tar.getmembers()]
+
+
+def test_the_tarball_holds_the_license_and_operator_content_only(tarball):
+    names = members(tarball)
+    assert {n.split("/")[0] for n in names} <= SHIPPED_TOP, sorted({n.split("/")[0] for n in names} - SHIPPED_TOP)
+    leaked = [n for n in names if any(n == p.rstrip("/") or n.startswith(p) for p in NEVER)]
+    assert leaked == []
+    with tarfile.open(tarball) as tar:
+        text = tar.extractfile("LICENSE").read().decode()
+    with open(os.path.join(ROOT, "LICENSE"), encoding="utf-8") as fh:
+        assert text == fh.read()
+    assert "GNU GENERAL PUBLIC LICENSE" in text and "Version 3, 29 June 2007" in text
+    # the positive side: the content an operator runs is there
+    for needed in ("site.yml", "remove.yml", "playbooks/site.yml", "meta/runtime.yml", "meta/execution-environment.yml",
+                   "requirements.txt", "roles/cell_runtime/tasks/main.yml", "plugins/modules/cell_identity.py",
+                   "CHANGELOG.rst", "changelogs/changelog.yaml"):
+        assert needed in names, needed
+
+
+def repo_plugins(kind):
+    """The repository's operator plugins of a kind (plugins/<kind>/*), by name."""
+    if kind == "module":
+        return {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "plugins", "modules", "*.py"))}
+    # filters and tests: each documented by a .yml of the same name
+    return {os.path.basename(p)[:-4] for p in glob.glob(os.path.join(ROOT, "plugins", kind, "*.yml"))
+            if not os.path.basename(p).startswith("_")}
+
+
+@pytest.mark.parametrize("kind", ["module", "filter", "test"])
+def test_ansible_doc_lists_exactly_the_operator_plugins(installed, kind):
+    _, env = installed
+    listed = json.loads(run([os.path.join(BIN, "ansible-doc"), "-t", kind, "-l", "chv.fleet", "-j"], env=env))
+    names = {n.split(".", 2)[2] for n in listed}
+    assert names == repo_plugins(kind)
+    assert not any("lab" in n for n in names)
+
+
+def test_ansible_doc_lists_exactly_the_operator_roles(installed):
+    _, env = installed
+    listed = json.loads(run([os.path.join(BIN, "ansible-doc"), "-t", "role", "-l", "chv.fleet", "-j"], env=env))
+    roles = {n.split(".", 2)[2] for n in listed}
+    assert roles == {"cell_runtime", "cell_nat", "broker", "browser"}
+    assert os.path.isdir(os.path.join(ROOT, "lab", "roles", "lab"))  # the lab stays in the repository
+
+
+def test_the_installed_site_playbook_passes_syntax_check(installed):
+    _, env = installed
+    run([os.path.join(BIN, "ansible-playbook"), "chv.fleet.site", "--syntax-check", "-i", "localhost,"], env=env)
+    run([os.path.join(BIN, "ansible-playbook"), "chv.fleet.remove", "--syntax-check", "-i", "localhost,"], env=env)
+
+
+def test_the_execution_environment_context_holds_the_collection_and_its_controller_needs(tarball, tmp_path):
+    shutil.copytree(EE_EXAMPLE, tmp_path / "ee")
+    shutil.copy(tarball, tmp_path / "ee" / "chv-fleet.tar.gz")
+    context = tmp_path / "context"
+    run([os.path.join(BIN, "ansible-builder"), "create", "-f", "execution-environment.yml", "-c", str(context)],
+        cwd=str(tmp_path / "ee"))
+    build = context / "_build"
+    shipped = build / "collections" / "chv-fleet.tar.gz"
+    assert shipped.read_bytes() == tarball.read_bytes()
+    requirements = yaml.safe_load((build / "requirements.yml").read_text())
+    assert requirements["collections"] == [{"name": "/build/collections/chv-fleet.tar.gz", "type": "file"}]
+    containerfile = next(p for p in (context / "Containerfile", context / "Dockerfile") if p.exists()).read_text()
+    assert "COPY _build/collections/ /build/collections/" in containerfile
+    assert "introspect" in containerfile
+
+    # The build installs the collection, then runs _build/scripts/introspect.py
+    # on it: the same script here, on the same tarball installed.
+    coll = tmp_path / "usr-share-ansible"
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(coll))
+    run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(coll), str(shipped)], env=env)
+    found = yaml.safe_load(run([sys.executable, str(build / "scripts" / "introspect.py"), "introspect", "--sanitize",
+                                str(coll)]))
+    assert any(line.startswith("netaddr") and "chv.fleet" in line for line in found["python"]), found
+    assert any(line.startswith("openssh-client [platform:dpkg]") for line in found["system"]), found
+
+
+def test_the_changelog_lints_and_lists_this_version():
+    run([os.path.join(BIN, "antsibull-changelog"), "lint"], cwd=ROOT)
+    changes = yaml.safe_load(open(os.path.join(ROOT, "changelogs", "changelog.yaml"), encoding="utf-8"))
+    assert VERSION in changes["releases"]
+    with open(os.path.join(ROOT, "CHANGELOG.rst"), encoding="utf-8") as fh:
+        text = fh.read()
+    assert "v%s" % VERSION in text

@@ -53,11 +53,13 @@ def _read_spec(path):
     return _SPECS[path][1]
 
 
-def role_options(roles, entry_point='validate'):
+def role_options(roles, entry_point='main'):
     """The options of an entry point of the collection's roles (a role name
     or a list of them, in order), read from their meta/argument_specs.yml
     with the plain YAML loader (a spec passed through Jinja is re-templated
-    at every access, thousands of times slower)."""
+    at every access, thousands of times slower).  By default ``main``'s, the
+    one entry point that documents them (``validate`` checks main's options
+    and has none of its own)."""
     options = {}
     for role in [roles] if isinstance(roles, str) else roles:
         path = os.path.join(ROLES_DIR, str(role), 'meta', 'argument_specs.yml')
@@ -69,12 +71,12 @@ def role_options(roles, entry_point='validate'):
     return options
 
 
-def spec_options(roles, entry_point='validate'):
+def spec_options(roles, entry_point='main'):
     """The option names of the roles' entry point (see ``role_options``)."""
     return list(role_options(roles, entry_point))
 
 
-def spec_errors(values, spec, entry_point='validate'):
+def spec_errors(values, spec, entry_point='main'):
     """Every option of ``spec`` (a role entry point's ``options``, or the
     name of one of the collection's roles or a list of them, whose
     ``entry_point`` options are read) that has a value in ``values`` is

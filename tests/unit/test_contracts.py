@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, assume, example, given, settings as hsetting
 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as ci
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat as cn
-from ansible_collections.chv.fleet.plugins.module_utils import lab
+from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
 
-from testpaths import ROOT
+from testpaths import LAB_ROLE, ROOT
 
 ROLES = os.path.join(ROOT, "roles")
 for _role in ("cell_runtime", "broker", "browser"):
@@ -40,9 +40,13 @@ from chv_browser import policy as browser_policy  # noqa: E402
 from chv_cell import policy as cell_policy  # noqa: E402
 
 
-def role_yaml(role, kind="defaults"):
-    with open(os.path.join(ROLES, role, kind, "main.yml"), encoding="utf-8") as fh:
+def yaml_file(path):
+    with open(path, encoding="utf-8") as fh:
         return yaml.safe_load(fh)
+
+
+def role_yaml(role, kind="defaults"):
+    return yaml_file(os.path.join(ROLES, role, kind, "main.yml"))
 
 
 # ------------------------------------------------------------ 1. slot records
@@ -52,8 +56,8 @@ _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+")
 
 
 def role_ifname_prefix_check():
-    """The cell_runtime role's check of chv_cell_ifname_prefix (tasks/validate.yml), a Jinja expression."""
-    with open(os.path.join(ROLES, "cell_runtime", "tasks", "validate.yml"), encoding="utf-8") as fh:
+    """The cell_runtime role's check of chv_cell_ifname_prefix (tasks/checks.yml), a Jinja expression."""
+    with open(os.path.join(ROLES, "cell_runtime", "tasks", "checks.yml"), encoding="utf-8") as fh:
         tasks = yaml.safe_load(fh)
     found = [cond for task in tasks for cond in task.get("ansible.builtin.assert", {}).get("that", [])
              if "chv_cell_ifname_prefix" in cond]
@@ -358,7 +362,7 @@ def test_inaccessible_default_hides_the_browser_and_the_broker_credentials():
 
 # -------------------------------------------------- 3. the lab's baked image
 
-# mmdebstrap --variant=minbase (plugins/modules/lab_image.py) installs every
+# mmdebstrap --variant=minbase (lab/plugins/modules/lab_image.py) installs every
 # Essential: yes package, so a role may list one that the image never needs baked.
 MINBASE_ESSENTIAL = frozenset(["util-linux"])
 
@@ -376,7 +380,7 @@ def test_lab_bakes_exactly_what_the_roles_install():
     lists = role_packages()
     assert all(isinstance(v, list) and v for v in lists.values()), lists
     needed = set().union(*lists.values()) - set(lab.BASE_PACKAGES) - MINBASE_ESSENTIAL
-    baked = set(role_yaml("lab")["lab_role_packages"]) - set(lab.BASE_PACKAGES)
+    baked = set(yaml_file(os.path.join(LAB_ROLE, "defaults", "main.yml"))["lab_role_packages"]) - set(lab.BASE_PACKAGES)
     assert sorted(needed - baked) == [], "a role installs it, the baked image lacks it"
     assert sorted(baked - needed) == [], "baked into the image, no role installs it"
     # the exemption is for packages a role really lists and the image has without baking

@@ -207,7 +207,7 @@ def test_ipv6_by_value(addr, port):
         check_remote("o", "https://[%s]:%d/x" % (exploded, port), ["[%s]:%d" % (addr, port % 65535 + 1)])
 
 
-# ------------------------------------------------------------------ the entry syntax, in Python and in validate.yml
+# ------------------------------------------------------------------ the entry syntax, in Python and in checks.yml
 
 @functools.lru_cache(maxsize=None)
 def _entry_re():
@@ -252,7 +252,7 @@ def test_validate_regex_agrees_on_edges(entry):
 
 
 def test_validate_task_names_the_variable_and_the_value():
-    with open(os.path.join(ROOT, "roles", "broker", "tasks", "validate.yml")) as fh:
+    with open(os.path.join(ROOT, "roles", "broker", "tasks", "checks.yml")) as fh:
         tasks = yaml.safe_load(fh)
     task = next(t for t in tasks if t.get("loop") == "{{ chv_broker_sync_hosts }}")
     assert "item is match(__chv_broker_host_entry_re)" in task["ansible.builtin.assert"]["that"]
@@ -266,9 +266,9 @@ def test_role_wiring_is_consistent():
     with open(os.path.join(ROOT, "roles", "broker", "meta", "argument_specs.yml")) as fh:
         specs = yaml.safe_load(fh)["argument_specs"]
     assert defaults["chv_broker_sync_hosts"] == [] == server.DEFAULTS["sync"]["hosts"]
-    for entry in ("main", "validate"):
-        opt = specs[entry]["options"]["chv_broker_sync_hosts"]
-        assert (opt["type"], opt["elements"], opt["default"]) == ("list", "str", [])
+    opt = specs["main"]["options"]["chv_broker_sync_hosts"]  # validate checks main's options, has none of its own
+    assert (opt["type"], opt["elements"], opt["default"]) == ("list", "str", [])
+    assert "options" not in specs["validate"]
     with open(os.path.join(ROOT, "roles", "broker", "templates", "broker.json.j2")) as fh:
         assert '"hosts": chv_broker_sync_hosts,' in fh.read()
 

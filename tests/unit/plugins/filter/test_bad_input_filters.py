@@ -27,8 +27,9 @@ ROLES = ("cell_runtime", "cell_nat", "broker", "browser")
 
 
 def spec(role):
+    """main's options, the one entry point that documents them (validate checks main's)."""
     with open(os.path.join(ROOT, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as fh:
-        return yaml.safe_load(fh)["argument_specs"]["validate"]["options"]
+        return yaml.safe_load(fh)["argument_specs"]["main"]["options"]
 
 
 # ------------------------------------------------------------------ spec_errors
@@ -171,5 +172,15 @@ def test_a_role_name_reads_its_spec_from_the_collection():
     values = {"chv_cell_prefix": "wide", "chv_broker_read_timeout": "soon", "cell_nat_ratelimit": 5}
     assert spec_errors.spec_errors(values, list(ROLES)) == [
         'chv_cell_prefix "wide": not an integer', 'chv_broker_read_timeout "soon": not a number']
-    with pytest.raises(AnsibleFilterError, match="no options of entry point 'validate'"):
+    with pytest.raises(AnsibleFilterError, match="no options of entry point 'main'"):
         spec_errors.spec_options("no_such_role")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_filters_read_mains_options_which_validate_does_not_repeat(role):
+    # by default main's (site.yml's type check names no entry point)
+    assert spec_errors.spec_options(role) == spec_errors.spec_options(role, "main") == list(spec(role))
+    assert spec_errors.spec_errors({"not_an_option": 1}, role) == []
+    # validate documents no options of its own: reading them is an error, not an empty spec that passes all
+    with pytest.raises(AnsibleFilterError, match="no options of entry point 'validate'"):
+        spec_errors.spec_options(role, "validate")

@@ -8,10 +8,12 @@
    link-local and multicast subnets, uid 0, cell_ifname lo, ifname prefixes
    longer than 12, trailing newlines, machine names over 64) the allocator
    refuses itself, and the consumers keep refusing it too.
-2. chv_cell_inaccessible_default hides every path the browser role installs
-   and the broker's credential directory.
+2. chv_cell_inaccessible_default, after the platform's own paths
+   (vars/Debian.yml), hides every path the browser role installs, its
+   chromium, and the broker's credential directory.
 3. lab_role_packages (baked into the lab image) is the union of the roles'
-   package lists, apart from what every lab image holds anyway.
+   package lists (the platform's, vars/Debian.yml, and the public extras),
+   apart from what every lab image holds anyway.
 """
 import ipaddress
 import os
@@ -45,8 +47,8 @@ def yaml_file(path):
         return yaml.safe_load(fh)
 
 
-def role_yaml(role, kind="defaults"):
-    return yaml_file(os.path.join(ROLES, role, kind, "main.yml"))
+def role_yaml(role, kind="defaults", name="main"):
+    return yaml_file(os.path.join(ROLES, role, kind, name + ".yml"))
 
 
 # ------------------------------------------------------------ 1. slot records
@@ -336,7 +338,8 @@ def browser_and_broker_install_paths():
         "chv_browser_state_dir": browser["chv_browser_state_dir"],
         "chv-browser runtime dir": os.path.dirname(browser["chv_browser_socket_path"]),
         "chv_browser_shots_dir": browser["chv_browser_shots_dir"],
-        "chv_browser_executable_path": browser["chv_browser_executable_path"],
+        # the distribution's chromium (chv_browser_executable_path "" drives it)
+        "chromium": role_yaml("browser", "vars", "Debian")["__browser_chromium"],
         # Debian's chromium package: /usr/bin/chromium is a wrapper of this tree
         "chromium's tree": "/usr/lib/chromium",
         "chv-broker credentials dir": os.path.dirname(broker["chv_broker_sync_credentials_file"]),
@@ -350,7 +353,8 @@ def hidden(path, inaccessible):
 
 def test_inaccessible_default_hides_the_browser_and_the_broker_credentials():
     defaults = role_yaml("cell_runtime")
-    inaccessible = [_resolve(p, defaults) for p in defaults["chv_cell_inaccessible_default"]]
+    inaccessible = role_yaml("cell_runtime", "vars", "Debian")["__cell_runtime_inaccessible_platform"] + [
+        _resolve(p, defaults) for p in defaults["chv_cell_inaccessible_default"]]
     paths = browser_and_broker_install_paths()
     assert all(p.startswith("/") for p in paths.values()), paths
     assert {k: p for k, p in paths.items() if not hidden(p, inaccessible)} == {}
@@ -368,11 +372,14 @@ MINBASE_ESSENTIAL = frozenset(["util-linux"])
 
 
 def role_packages():
+    """What each role installs on Debian with its defaults: the platform's list and the public extras."""
     return {
-        "cell_runtime chv_cell_packages": role_yaml("cell_runtime")["chv_cell_packages"],
-        "cell_nat __cell_nat_packages": role_yaml("cell_nat", "vars")["__cell_nat_packages"],
-        "broker chv_broker_packages": role_yaml("broker")["chv_broker_packages"],
-        "browser chv_browser_packages": role_yaml("browser")["chv_browser_packages"],
+        "cell_runtime": role_yaml("cell_runtime", "vars", "Debian")["__cell_runtime_packages"]
+        + role_yaml("cell_runtime")["chv_cell_packages"],
+        "cell_nat": role_yaml("cell_nat", "vars", "Debian")["__cell_nat_packages"],
+        "broker": role_yaml("broker", "vars", "Debian")["__broker_packages"] + role_yaml("broker")["chv_broker_packages"],
+        "browser": role_yaml("browser", "vars", "Debian")["__browser_packages"]
+        + role_yaml("browser")["chv_browser_packages"],
     }
 
 

@@ -296,7 +296,10 @@ OVERRIDES = {
 POLICY_LISTS = {
     'drop_capabilities': ('__cell_runtime_drop_caps', OLD_UNIQUE_SORT, 'chv_cell_drop_capabilities'),
     'syscall_deny': ('__cell_runtime_syscall_deny', OLD_UNIQUE_SORT, 'chv_cell_syscall_deny'),
-    'inaccessible': ('__cell_runtime_inaccessible', OLD_UNIQUE, 'chv_cell_inaccessible'),
+    # the platform's paths (vars/Debian.yml, chromium) came into the role's inaccessible list as a first layer
+    'inaccessible': ('__cell_runtime_inaccessible',
+                     OLD_UNIQUE.replace('(X_default', '(__cell_runtime_inaccessible_platform + X_default'),
+                     'chv_cell_inaccessible'),
     'readonly_binds': ('__cell_runtime_readonly_binds', OLD_BY_TARGET, 'chv_cell_readonly_binds'),
     'writable_binds': ('__cell_runtime_writable_binds', OLD_BY_TARGET, 'chv_cell_writable_binds'),
 }
@@ -306,6 +309,7 @@ PLAYBOOK = '''
   vars_files:
     - {role}/defaults/main.yml
     - "{out}/{{{{ inventory_hostname }}}}-overrides.yml"
+    - {role}/vars/Debian.yml
     - {role}/vars/main.yml
   vars:
     chv_cell_identities: []
@@ -368,11 +372,14 @@ def test_role_defaults_render_the_documented_lists(rendered):
     # Positive control: the comparison above is not between two empty lists.
     with open(os.path.join(ROLE, 'defaults', 'main.yml')) as handle:
         defaults = yaml.safe_load(handle)
+    with open(os.path.join(ROLE, 'vars', 'Debian.yml')) as handle:
+        platform = yaml.safe_load(handle)
     policy = json.loads(rendered['defaults']['policy'])
     assert policy['drop_capabilities'] == sorted(defaults['chv_cell_drop_capabilities_default'])
     assert policy['syscall_deny'] == sorted(defaults['chv_cell_syscall_deny_default'])
-    assert policy['inaccessible'] == [p.replace('{{ chv_cell_agent_home }}', '/home/chv')
-                                      for p in defaults['chv_cell_inaccessible_default']]
+    assert platform['__cell_runtime_inaccessible_platform']
+    assert policy['inaccessible'] == platform['__cell_runtime_inaccessible_platform'] + [
+        p.replace('{{ chv_cell_agent_home }}', '/home/chv') for p in defaults['chv_cell_inaccessible_default']]
     assert policy['readonly_binds'] == sorted(defaults['chv_cell_readonly_binds_default'],
                                               key=lambda b: b['target'])
     assert policy['writable_binds'] == defaults['chv_cell_writable_binds_default']

@@ -1,0 +1,161 @@
+"""The platforms chv.fleet supports and each role's platform variables.
+
+The one list is the cell_runtime role's __cell_runtime_platforms
+(vars/main.yml); every role's tasks/set_vars.yml checks the host against it
+(the cell_runtime role's `platform` entry point) and then loads
+vars/<os_family>.yml, vars/<distribution>.yml and
+vars/<distribution>_<major>.yml where they exist. Here: every listed
+platform gets every platform variable of every role and has a Molecule
+scenario, the roles' Galaxy metadata names the same platforms, a platform
+file holds only private names (include_vars outranks the inventory, so a
+public knob there could not be overridden) and something real, no Debian
+path is written into the roles anywhere else, and the chromium the browser
+role drives is one the cell runtime hides from cells. The integration test
+tests/integration/playbooks/test_site_platforms.py runs the check itself."""
+
+import glob
+import os
+import re
+
+import pytest
+import yaml
+from ansible.module_utils.facts.system.distribution import Distribution
+
+from testpaths import ROOT
+
+ROLES = {"cell_runtime": "__cell_runtime_", "cell_nat": "__cell_nat_", "broker": "__broker_", "browser": "__browser_"}
+
+
+def load(*parts):
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def platforms():
+    return load("roles", "cell_runtime", "vars", "main.yml")["__cell_runtime_platforms"]
+
+
+def platform_files(role):
+    """The role's platform variable files (every vars/*.yml but main.yml): {name: content}."""
+    return dict((os.path.basename(p)[:-4], load(p)) for p in sorted(glob.glob(os.path.join(ROOT, "roles", role, "vars", "*.yml")))
+                if os.path.basename(p) != "main.yml")
+
+
+def loaded(role, distribution, major):
+    """What tasks/set_vars.yml loads for a platform: the files of its family, distribution and
+    release that exist, in that order, a later one overriding an earlier one (the family by
+    Ansible's own map, as the setup module reports it)."""
+    files = platform_files(role)
+    names = [Distribution.OS_FAMILY.get(distribution, distribution), distribution, "%s_%s" % (distribution, major)]
+    out = {}
+    for name in dict.fromkeys(names):
+        out.update(files.get(name) or {})
+    return out
+
+
+def test_the_list_names_each_platform_once():
+    found = platforms()
+    assert found and all(set(p) == {"distribution", "major", "release"} for p in found), found
+    assert all(isinstance(v, str) and v for p in found for v in p.values()), found
+    assert len({(p["distribution"], p["major"]) for p in found}) == len(found)
+    assert [(p["distribution"], p["major"]) for p in found] == [("Debian", "12"), ("Debian", "13")]
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_every_supported_platform_gets_every_platform_variable_of_the_role(role):
+    files = platform_files(role)
+    every = set().union(*(set(f) for f in files.values()))
+    assert every, "%s has no platform variables" % role
+    for p in platforms():
+        assert set(loaded(role, p["distribution"], p["major"])) == every, (role, p)
+    # control: a platform no file serves gets none of them
+    assert loaded(role, "Rocky", "9") == {}
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_a_platform_file_holds_private_names_and_something_real(role):
+    files = platform_files(role)
+    assert files
+    for name, content in files.items():
+        assert isinstance(content, dict) and content, "vars/%s.yml of %s holds nothing" % (name, role)
+        assert [k for k in content if not k.startswith(ROLES[role])] == [], (role, name)
+        assert all(v not in (None, "", [], {}) for v in content.values()), (role, name, content)
+
+
+def test_every_platform_has_a_molecule_scenario_that_converges_it():
+    converged = set()
+    for path in glob.glob(os.path.join(ROOT, "molecule", "*", "molecule.yml")):
+        for guest in load(path).get("platforms", []):
+            if "chv_fleet" in guest.get("groups", []):
+                converged.add(guest.get("distro", "bookworm"))
+    assert {p["release"] for p in platforms()} <= converged, converged
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_galaxy_metadata_names_the_supported_platforms(role):
+    listed = load("roles", role, "meta", "main.yml")["galaxy_info"]["platforms"]
+    expected = {}
+    for p in platforms():
+        expected.setdefault(p["distribution"], []).append(p["release"])
+    assert dict((e["name"], e["versions"]) for e in listed) == expected
+
+
+# A path under /bin, /sbin, /usr/bin or /usr/sbin (not a venv's "{{ venv }}/bin/..."),
+# outside the platform files.
+_BIN_PATH = re.compile(r"(?<![\w./}-])/(?:usr/)?s?bin/[\w.+-]+")
+# The same everywhere chv.fleet runs: POSIX's shell, and coreutils' rm in
+# the units' ExecStartPre; the agent user's login shell is a public knob.
+ALLOWED = {"/bin/sh", "/bin/rm", "/bin/bash"}
+
+
+def role_texts(role):
+    """The role's files that render or run something on the host, apart from its platform files:
+    defaults, vars/main.yml, tasks, handlers, templates (files/ holds the programs, whose own
+    defaults the role overrides by what it renders)."""
+    base = os.path.join(ROOT, "roles", role)
+    paths = [os.path.join(base, "defaults", "main.yml"), os.path.join(base, "vars", "main.yml")]
+    for sub in ("tasks", "handlers", "templates"):
+        paths += sorted(glob.glob(os.path.join(base, sub, "*")))
+    return paths
+
+
+def bin_paths(text):
+    return sorted(set(_BIN_PATH.findall(text)) - ALLOWED)
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_no_distribution_path_outside_the_platform_files(role):
+    found = {}
+    for path in role_texts(role):
+        with open(path, encoding="utf-8") as fh:
+            hits = bin_paths(fh.read())
+        if hits:
+            found[os.path.relpath(path, ROOT)] = hits
+    assert found == {}
+    # control: the pattern sees the paths the platform files hold, and only paths
+    assert bin_paths(str(platform_files(role)))
+    assert bin_paths("/usr/local/bin/chv-cell /usr/lib/chromium /usr/bin/python3 -IS") == ["/usr/bin/python3"]
+
+
+def test_the_chromium_the_browser_drives_is_hidden_from_cells_on_every_platform():
+    for p in platforms():
+        chromium = loaded("browser", p["distribution"], p["major"])["__browser_chromium"]
+        hidden = loaded("cell_runtime", p["distribution"], p["major"])["__cell_runtime_inaccessible_platform"]
+        assert chromium in hidden, (p, chromium, hidden)
+
+
+def test_the_entry_points_get_the_platforms_python_and_debian_the_same_bytes():
+    """tasks/linux.yml rewrites the "#!" line of chv-cell and chv-cell-agent with
+    the platform's python: on Debian the files stay byte for byte the role's."""
+    tasks = load("roles", "cell_runtime", "tasks", "linux.yml")
+    task = next(t for t in tasks if t.get("name", "").startswith("Install the chv-cell entry points"))
+    python = loaded("cell_runtime", "Debian", "12")["__cell_runtime_commands"]["python"]
+    for entry in task["chv.fleet.files"]["files"][:2]:
+        pattern, replacement = re.search(r"regex_replace\('([^']+)', '([^']+)' ~ __cell_runtime_commands.python\)",
+                                         entry["content"]).groups()
+        name = os.path.basename(entry["dest"].split("}}")[-1])
+        with open(os.path.join(ROOT, "roles", "cell_runtime", "files", name), encoding="utf-8") as fh:
+            text = fh.read()
+        assert re.sub(pattern, replacement + python, text) == text
+        other = re.sub(pattern, replacement + "/opt/py/bin/python3", text)
+        assert other.split("\n", 1) == ["#!/opt/py/bin/python3 -IS", text.split("\n", 1)[1]]

@@ -27,7 +27,7 @@ LAUNCHER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardi
                             'roles', 'cell_runtime', 'files', 'chv_cell')
 _PACKAGE = 'ansible_collections_chv_fleet_launcher'
 # Policy keys the role fixes itself (no role variable sets them).
-FIXED_KEYS = ('version', 'state_dir', 'no_new_privileges', 'nspawn', 'systemd_run', 'ip', 'nsenter', 'nft',
+FIXED_KEYS = ('version', 'state_dir', 'no_new_privileges', 'nspawn', 'systemd_run', 'ip', 'nsenter', 'nft', 'python',
               'nspawn_environment', 'slots')
 # "key: ..." or "key[3]: ..." at the start of a validator message
 _KEY_RE = re.compile(r'^([a-z_]+)((?:\[\d+\])?)(:| )')

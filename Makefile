@@ -46,7 +46,7 @@ INTEGRATION := cells netns broker browser playbooks
 # nothing in common: the host lane uses this machine's own namespaces (veths
 # lth*, netns cnt-*), each lab its own network, table and guests; the image
 # and wheel caches are shared under locks.
-LANE_host := lint sanity units release-check integration test-leg312
+LANE_host := lint sanity units release-check docs integration test-leg312
 LANE_guests1 := molecule-fleet
 LANE_guests2 := molecule-trixie
 LANE_lab := lab-tests
@@ -55,12 +55,13 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 
 .PHONY: fuzz help sysdeps venv venv312 browser-venv devcoll lint sanity units integration $(INTEGRATION:%=integration-%) \
         lab-tests molecule $(SCENARIOS:%=molecule-%) test test-leg312 $(LANES:%=lane-%) \
-        demo lab-down build release-check bench lock clean
+        demo lab-down build release-check docs bench lock clean
 
 help:
 	@echo "make demo      bring up a lab guest, converge site.yml on it, print a summary"
 	@echo "make test      lint, sanity, unit, integration, lab and Molecule tests (both Python legs), in four lanes"
 	@echo "make lab-down  destroy the demo lab"
+	@echo "make docs      the docs site (antsibull-docs): build/docs/html/index.html"
 	@echo "make bench     benchmarks (not tests)"
 	@echo "make fuzz      the long fuzz run of the request parsers and the policy validator (102,000 inputs)"
 
@@ -237,6 +238,12 @@ fuzz: venv
 	cd $(ROOT) && CHV_FUZZ_EXAMPLES=34000 $(VENV)/bin/python -m pytest tests/unit/test_protocol_fuzz.py -q -p no:cacheprovider
 	@cat $(BUILD)/fuzz-counts.json; echo
 
+# The docs site of what ships (hack/build_docs.py): antsibull-docs and Sphinx
+# in a venv of their own (requirements/docs.lock: Sphinx needs an older
+# docutils than the toolchain's), zero warnings, build/docs/html/index.html.
+docs: venv
+	PATH=$(VENV)/bin:$$PATH ROOT=$(ROOT) $(VENV)/bin/python hack/build_docs.py
+
 # Regenerate the lock files from requirements/toolchain.in.
 lock:
 	rm -rf $(BUILD)/lock && $(PY311) -m venv $(BUILD)/lock/311
@@ -245,6 +252,9 @@ lock:
 	$(PY312) -m venv $(BUILD)/lock/312
 	$(BUILD)/lock/312/bin/pip install -q -r requirements/toolchain.in
 	$(BUILD)/lock/312/bin/pip freeze --all | grep -v -E '^(pip|setuptools|wheel)==' > requirements/py312.lock
+	$(PY311) -m venv $(BUILD)/lock/docs
+	$(BUILD)/lock/docs/bin/pip install -q -c <(grep -v '^docutils==' requirements/py311.lock) -r requirements/docs.in
+	$(BUILD)/lock/docs/bin/pip freeze --all | grep -v -E '^(pip|setuptools|wheel)==' > requirements/docs.lock
 
 clean:
 	rm -rf $(BUILD)

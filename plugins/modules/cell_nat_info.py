@@ -13,7 +13,7 @@ module: cell_nat_info
 short_description: Validate the cell NAT policy, discover the uplink and report conflicting firewalls
 version_added: 0.1.0
 description:
-  - Read-only companion of the M(chv.fleet.cell_nat) role's ruleset template.
+  - Read-only companion of the P(chv.fleet.cell_nat#role) role's ruleset template.
   - Validates the slot list and the egress policy and fails, naming the variable, on an invalid
     CIDR, an overlapping allow/deny entry or an uplink that is not an interface of the host.
   - Discovers the uplink from the IPv4 default route (C(ip -j route show default)) unless O(uplink) is given.

@@ -57,13 +57,33 @@ def tarball(tmp_path_factory):
     return path
 
 
+def only(path):
+    """An environment in which Ansible sees the collections under ``path``
+    and nothing else: not the checkout, which tests/conftest.py puts on
+    PYTHONPATH (Ansible scans sys.path for collections by default)."""
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
+               ANSIBLE_ROLES_PATH=str(path / "no-roles"))
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def install(tarball, path):
+    """``tarball`` installed into the empty collections path ``path``; the
+    environment that sees only it."""
+    env = only(path)
+    out = run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(path), str(tarball)], env=env)
+    assert "chv.fleet:%s was installed successfully" % VERSION in out, out
+    listed = json.loads(run([os.path.join(BIN, "ansible-galaxy"), "collection", "list", "chv.fleet", "--format", "json"],
+                            env=env))
+    assert list(listed) == [str(path / "ansible_collections")], listed
+    return env
+
+
 @pytest.fixture(scope="module")
 def installed(tarball, tmp_path_factory):
     """The tarball installed into an empty collections path; the env that sees only it."""
     path = tmp_path_factory.mktemp("collections")
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(path), ANSIBLE_ROLES_PATH=str(path / "no-roles"))
-    run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(path), str(tarball)], env=env)
-    return path, env
+    return path, install(tarball, path)
 
 
 def members(tarball):
@@ -138,8 +158,7 @@ def test_the_execution_environment_context_holds_the_collection_and_its_controll
     # The build installs the collection, then runs _build/scripts/introspect.py
     # on it: the same script here, on the same tarball installed.
     coll = tmp_path / "usr-share-ansible"
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(coll))
-    run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(coll), str(shipped)], env=env)
+    install(shipped, coll)
     found = yaml.safe_load(run([sys.executable, str(build / "scripts" / "introspect.py"), "introspect", "--sanitize",
                                 str(coll)]))
     assert any(line.startswith("netaddr") and "chv.fleet" in line for line in found["python"]), found

@@ -10,4 +10,5 @@ BROWSER_FILES = os.path.join(ROOT, "roles", "browser", "files")
 # The test lab: an internal collection (chv.fleet_lab) kept out of the released one.
 LAB_COLLECTION = os.path.join(ROOT, "lab")
 LAB_ROLE = os.path.join(LAB_COLLECTION, "roles", "lab")
+LAB_PLAYBOOKS = os.path.join(LAB_COLLECTION, "playbooks")
 PROBES = os.path.join(ROOT, "tests", "probes")

@@ -12,10 +12,10 @@ import sys
 import pytest
 
 from labtraces import LAB_ROOT, lab_traces
+from testpaths import LAB_PLAYBOOKS, ROOT
 
 BIN = os.path.dirname(sys.executable)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/systemd-nspawn"),
                                 reason="the lab needs root and systemd-nspawn")
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bi
 def playbook(name, *extra):
     env = dict(os.environ, ANSIBLE_NOCOLOR="1")
     cmd = [os.path.join(BIN, "ansible-playbook"),
-           os.path.join(ROOT, "playbooks", name)]
+           os.path.join(LAB_PLAYBOOKS, name)]
     for e in extra:
         cmd += ["-e", e]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)

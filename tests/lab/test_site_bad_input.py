@@ -26,9 +26,9 @@ import sys
 import pytest
 
 from labtraces import lab_traces
+from testpaths import LAB_PLAYBOOKS, ROOT
 
 BIN = os.path.dirname(sys.executable)
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = "lsite"
 INVENTORY = "/var/lib/chv-fleet-lab/%s/inventory.yml" % LAB
 GUESTS = 2  # more than one: the guests share the lab's network and table
@@ -48,7 +48,7 @@ def _run(argv):
 
 
 def lab(name):
-    proc = _run([os.path.join(BIN, "ansible-playbook"), os.path.join(ROOT, "playbooks", name)] + LAB_ARGS)
+    proc = _run([os.path.join(BIN, "ansible-playbook"), os.path.join(LAB_PLAYBOOKS, name)] + LAB_ARGS)
     recap = re.search(r"localhost\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
     return proc, dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}
 

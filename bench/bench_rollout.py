@@ -75,6 +75,8 @@ def snapshot_head():
     archive = subprocess.run(['git', 'archive', 'HEAD'], cwd=ROOT, stdout=subprocess.PIPE, check=True).stdout
     subprocess.run(['tar', '-x', '-C', tree], input=archive, check=True)
     os.symlink(tree, os.path.join(collections, 'ansible_collections', 'chv', 'fleet'))
+    # the test lab, an internal collection of the checkout (lab/), as make devcoll links it
+    os.symlink(os.path.join(tree, 'lab'), os.path.join(collections, 'ansible_collections', 'chv', 'fleet_lab'))
     SOURCE.update({'tree': tree, 'collections': collections, 'what': 'a clean export of HEAD'})
 
 

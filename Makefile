@@ -55,7 +55,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 
 .PHONY: fuzz help sysdeps venv venv312 browser-venv devcoll lint sanity units integration $(INTEGRATION:%=integration-%) \
         lab-tests molecule $(SCENARIOS:%=molecule-%) test test-leg312 $(LANES:%=lane-%) \
-        demo lab-down build release-check docs bench lock clean
+        demo lab-down build release-check docs bench lock clean image test-vm
 
 help:
 	@echo "make demo      bring up a lab guest, converge site.yml on it, print a summary"
@@ -64,6 +64,8 @@ help:
 	@echo "make docs      the docs site (antsibull-docs): build/docs/html/index.html"
 	@echo "make bench     benchmarks (not tests)"
 	@echo "make fuzz      the long fuzz run of the request parsers and the policy validator (102,000 inputs)"
+	@echo "make image     bake the CHV guest image (qcow2, kernel, initrd) into build/image (docs/chv.md)"
+	@echo "make test-vm   boot the baked image under qemu (TCG, virtio, direct kernel boot) and check the cells in it"
 
 sysdeps:
 	@missing=""; for p in $(SYS_PACKAGES); do \
@@ -258,3 +260,24 @@ lock:
 
 clean:
 	rm -rf $(BUILD)
+
+# The CHV guest image (docs/chv.md): lab/playbooks/bake_image.yml converges a
+# lab guest with site.yml, generalizes it and writes build/image/IMAGE_NAME.qcow2
+# with its kernel and initrd. make test-vm boots it with qemu (TCG) as a CHV
+# guest and runs tests/vm (bakes the image first if there is none).
+IMAGE_DISTRO ?= bookworm
+IMAGE_DIR := $(BUILD)/image
+IMAGE_NAME = chv-guest-$(IMAGE_DISTRO)
+IMAGE_PACKAGES := qemu-utils fdisk e2fsprogs
+VM_PACKAGES := qemu-system-x86 qemu-utils dosfstools mtools openssh-client
+image: sysdeps venv
+	@$(MAKE) --no-print-directory sysdeps SYS_PACKAGES="$(IMAGE_PACKAGES)"
+	@start=$$(date +%s); PATH=$(VENV)/bin:$$PATH ansible-playbook lab/playbooks/bake_image.yml \
+	  -e lab_bake_dest=$(IMAGE_DIR) -e lab_distro=$(IMAGE_DISTRO) | tee $(BUILD)/image-bake.log; \
+	  echo "make image: $$(( $$(date +%s) - start )) s"
+
+test-vm: venv
+	@$(MAKE) --no-print-directory sysdeps SYS_PACKAGES="$(VM_PACKAGES)"
+	@test -f $(IMAGE_DIR)/$(IMAGE_NAME).qcow2 || $(MAKE) --no-print-directory image
+	@start=$$(date +%s); cd $(ROOT) && CHV_IMAGE=$(IMAGE_DIR)/$(IMAGE_NAME) $(VENV)/bin/python -m pytest tests/vm \
+	  -v -p no:cacheprovider --durations=0; echo "make test-vm: $$(( $$(date +%s) - start )) s"

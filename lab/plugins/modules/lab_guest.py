@@ -25,6 +25,10 @@ description:
     same veth, addresses and cgroups. What a guest keeps across a reboot
     (files) stays, what it loses (processes, /run, the kernel's network and
     firewall state) is gone. It fails when the guest was never created.
+  - With I(state=stopped) powers the guest off (as I(state=absent) does)
+    and keeps its root file system in C(LAB_DIR/NAME/rootfs), for the
+    guest image bake to generalize and write as a disk; I(state=absent)
+    removes it later.
   - A guest that does not come up is reported with the tail of its console
     and removed (with I(state=rebooted), left stopped, its root kept).
   - Part of the local test lab (C(chv.fleet_lab.lab_up)); runs on the lab host as root.
@@ -51,7 +55,7 @@ options:
   state:
     description: Whether the guest should run.
     type: str
-    choices: [started, absent, rebooted]
+    choices: [started, absent, rebooted, stopped]
     default: started
   lab_dir:
     description: Directory of the lab's guests and state files.
@@ -118,9 +122,13 @@ boot_seconds:
   description: Seconds from spawning nspawn to sshd accepting connections.
   returned: when booted by this run (started or rebooted)
   type: float
+root:
+  description: The guest's root file system (kept).
+  returned: when state is stopped
+  type: str
 left_behind:
-  description: What removal could not clean up (the module fails when not empty).
-  returned: when state is absent
+  description: What removal or the poweroff could not clean up (the module fails when not empty).
+  returned: when state is absent or stopped
   type: list
   elements: str
 """
@@ -329,7 +337,7 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             lab=dict(type="str", required=True),
-            state=dict(type="str", default="started", choices=["started", "absent", "rebooted"]),
+            state=dict(type="str", default="started", choices=["started", "absent", "rebooted", "stopped"]),
             lab_dir=dict(type="path", required=True),
             image=dict(type="path"),
             address=dict(type="str"),
@@ -362,6 +370,18 @@ def main():
         if left:
             module.fail_json(msg="guest %s could not be removed completely" % guest.name, left_behind=left)
         module.exit_json(changed=True, left_behind=[])
+
+    if module.params["state"] == "stopped":
+        if not os.path.isdir(guest.root):
+            module.fail_json(msg="guest %s has no root file system in %s" % (guest.name, guest.dir))
+        was_running = guest.running_pid() is not None
+        if module.check_mode:
+            module.exit_json(changed=was_running, root=guest.root)
+        guest.stop()
+        left = [r for r in guest.remnants() if not r.startswith("directory ")]
+        if left:
+            module.fail_json(msg="guest %s could not be stopped completely" % guest.name, left_behind=left)
+        module.exit_json(changed=was_running, root=guest.root, left_behind=[])
 
     rebooted = module.params["state"] == "rebooted"
     if rebooted and not os.path.isdir(guest.root):

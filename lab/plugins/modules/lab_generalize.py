@@ -133,6 +133,9 @@ CLOUD_CFG = """\
 # metadata service.
 datasource_list: [NoCloud, ConfigDrive, None]
 preserve_hostname: false
+# the one locale the image has without locale-gen (cloud-init's default,
+# en_US.UTF-8, is not generated: update-locale would fail)
+locale: C.UTF-8
 ssh_deletekeys: true
 ssh_genkeytypes: [ed25519, ecdsa, rsa]
 # a seed's network-config is written for systemd-networkd (the image has no

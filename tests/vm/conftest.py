@@ -48,6 +48,21 @@ ethernets:
 """
 
 
+# vm1: DHCP, as the image does by itself; qemu's user network with restrict=on answers
+# DHCP without a router option, so the seed adds the default route.
+NETWORK_CONFIG_DHCP = """\
+version: 2
+ethernets:
+  nic0:
+    match:
+      macaddress: "%s"
+    dhcp4: true
+    routes:
+      - to: 0.0.0.0/0
+        via: 10.0.2.2
+"""
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,10 +105,9 @@ class VM(object):
                     "write_files:\n  - path: /etc/resolv.conf\n    content: |\n      nameserver 10.0.2.3\n"
                     % (self.name, pub))
         files = [os.path.join(seed, "user-data"), os.path.join(seed, "meta-data")]
-        if self.static:
-            with open(os.path.join(seed, "network-config"), "w") as f:
-                f.write(NETWORK_CONFIG % self.mac)
-            files.append(os.path.join(seed, "network-config"))
+        with open(os.path.join(seed, "network-config"), "w") as f:
+            f.write((NETWORK_CONFIG if self.static else NETWORK_CONFIG_DHCP) % self.mac)
+        files.append(os.path.join(seed, "network-config"))
         img = os.path.join(self.dir, "seed.img")
         subprocess.run(["mkfs.vfat", "-n", "CIDATA", "-C", img, "2048"], check=True, capture_output=True)
         subprocess.run(["mcopy", "-i", img] + files + ["::"], check=True, capture_output=True)

@@ -36,13 +36,7 @@ author:
   - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - chv.fleet_lab.lab
 options:
   name:
     description: Guest (machine and host) name; the host-side veth is C(ve-NAME).

@@ -23,13 +23,7 @@ author:
   - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - chv.fleet_lab.lab
 options:
   distro:
     description: Debian release of the image.

@@ -24,13 +24,7 @@ author:
   - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - chv.fleet_lab.lab
 options:
   lab_name:
     description: Name of the lab; generated guest names are C(<lab_name><n>).

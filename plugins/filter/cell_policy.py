@@ -28,16 +28,21 @@ LAUNCHER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardi
 _PACKAGE = 'ansible_collections_chv_fleet_launcher'
 # Policy keys the role fixes itself (no role variable sets them).
 FIXED_KEYS = ('version', 'state_dir', 'no_new_privileges', 'nspawn', 'systemd_run', 'ip', 'nsenter', 'nft', 'python',
-              'nspawn_environment', 'slots')
+              'nspawn_environment', 'slots', 'platform', 'sandbox_exec', 'pfctl', 'pf_anchor')
 # "key: ..." or "key[3]: ..." at the start of a validator message
 _KEY_RE = re.compile(r'^([a-z_]+)((?:\[\d+\])?)(:| )')
 
 
 def launcher_policy():
-    """The launcher's policy module (``chv_cell.policy``), imported once
-    from the role's files under a private package name."""
-    name = _PACKAGE + '.policy'
-    if name not in sys.modules:
+    """The launcher's policy module (``chv_cell.policy``)."""
+    return launcher_module('policy')
+
+
+def launcher_module(module):
+    """A module of the launcher package (``chv_cell.<module>``), the package
+    imported once from the role's files under a private package name."""
+    name = _PACKAGE + '.' + module
+    if _PACKAGE not in sys.modules:
         init = os.path.join(LAUNCHER_DIR, '__init__.py')
         spec = importlib.util.spec_from_file_location(_PACKAGE, init,
                                                       submodule_search_locations=[LAUNCHER_DIR])

@@ -261,9 +261,19 @@ def load_policy(path):
         return None
 
 
+def launcher_for(pol, verbose=False, caller=None):
+    """The launcher of the policy's platform: nspawn cells (runner) or, for
+    a darwin policy, a slot user under sandbox-exec (darwin)."""
+    if pol["platform"] == "darwin":
+        from . import darwin  # noqa: PLC0415
+
+        return darwin.Launcher(pol, verbose=verbose, caller=caller)
+    return runner.Launcher(pol, verbose=verbose, caller=caller)
+
+
 def run_request(pol, req, caller=None):
     """Run an agent.AgentRequest of action run; its exit code."""
-    launcher = runner.Launcher(pol, verbose=req.verbose, caller=caller)
+    launcher = launcher_for(pol, verbose=req.verbose, caller=caller)
     return launcher.run(req.command, slot_name=req.slot, timeout=req.timeout, shared_network=req.shared_network,
                         runtime_max=req.runtime_max)
 
@@ -369,6 +379,6 @@ def main(args=None, euid=None):
             return runner.EXIT_CONFIG
 
     cmd = _command(ns, ap)
-    launcher = runner.Launcher(pol, verbose=ns.verbose or ns.run_verbose)
+    launcher = launcher_for(pol, verbose=ns.verbose or ns.run_verbose)
     return launcher.run(cmd, slot_name=ns.slot, timeout=ns.timeout, shared_network=ns.shared_network,
                         runtime_max=ns.runtime_max)

@@ -67,8 +67,24 @@ ALLOWED_NSPAWN_ENV = frozenset(
     ["SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "SYSTEMD_NSPAWN_USE_CGNS", "SYSTEMD_LOG_LEVEL"]
 )
 
+# The platforms a policy is for: "linux" (systemd-nspawn cells) or "darwin"
+# (a slot user under sandbox-exec, chv_cell/darwin.py; docs/macos.md).
+PLATFORMS = ("linux", "darwin")
+# Programs only the Linux launcher runs (null in a darwin policy), and only
+# the macOS one (null in a linux policy).
+LINUX_PROGRAMS = ("nspawn", "systemd_run", "ip", "nsenter", "nft")
+DARWIN_PROGRAMS = ("sandbox_exec", "pfctl")
+# A darwin slot: its unprivileged user is the cell's identity (no veth, no subnet).
+DARWIN_SLOT_FIELDS = {"name": str, "index": int, "user": str, "uid_base": int, "uid_size": int}
+_PF_ANCHOR_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*\Z")
+
 DEFAULTS = {
     "version": POLICY_VERSION,
+    "platform": "linux",
+    "sandbox_exec": None,
+    "pfctl": None,
+    # the pf anchor holding the slot users' egress rules (darwin)
+    "pf_anchor": None,
     "nspawn": "/usr/bin/systemd-nspawn",
     "systemd_run": "/usr/bin/systemd-run",
     "ip": "/usr/bin/ip",
@@ -300,6 +316,40 @@ def _check_slots(slots, errors):
                 )
 
 
+def _check_darwin_slots(slots, errors):
+    """A darwin policy's slots: each an unprivileged user of its own."""
+    if not isinstance(slots, list) or not slots:
+        errors.append("slots: must be a non-empty list of slot identities")
+        return
+    seen = {k: {} for k in ("name", "index", "user", "uid_base")}
+    for i, s in enumerate(slots):
+        where = "slots[%d]" % i
+        if not isinstance(s, dict):
+            errors.append("%s: must be a mapping" % where)
+            continue
+        missing = [k for k in DARWIN_SLOT_FIELDS if k not in s]
+        bad = [k for k, t in DARWIN_SLOT_FIELDS.items()
+               if k in s and (not isinstance(s[k], t) or isinstance(s[k], bool))]
+        if missing or bad:
+            errors.append("%s: %s" % (where, "; ".join(
+                (["missing %s" % ", ".join(missing)] if missing else [])
+                + (["wrong type for %s" % ", ".join(bad)] if bad else []))))
+            continue
+        where = "slots[%d] (%s)" % (i, s["name"])
+        if not _SLOT_RE.match(s["name"]):
+            errors.append("%s: name must match %s" % (where, _SLOT_RE.pattern))
+        if not _USER_RE.match(s["user"]):
+            errors.append("%s: user %r is not a user name" % (where, s["user"]))
+        if s["uid_base"] < 500 or s["uid_base"] > 2**31 - 1:
+            errors.append("%s: uid_base %d must be an unprivileged uid (500 .. 2^31-1)" % (where, s["uid_base"]))
+        if s["uid_size"] != 1:
+            errors.append("%s: uid_size must be 1 (the slot user is the cell's only uid)" % where)
+        for key in seen:
+            if s[key] in seen[key]:
+                errors.append("%s: %s %r also used by slots[%d]" % (where, key, s[key], seen[key][s[key]]))
+            seen[key][s[key]] = i
+
+
 def _bind_targets(binds):
     """Targets of a readonly_binds/writable_binds list as checkable paths
     (``{slot}`` replaced by a sample name; malformed entries skipped)."""
@@ -383,10 +433,18 @@ def validate(obj):
         errors.append("slots: missing")
     p = merged(obj)
 
-    for key in ("nspawn", "systemd_run", "ip", "nsenter", "nft", "python", "state_dir", "workspace_root",
-                "agent_state_root"):
+    platform = p["platform"] if p["platform"] in PLATFORMS else None
+    if platform is None:
+        errors.append("platform: must be one of %s" % ", ".join(PLATFORMS))
+    programs = {"linux": LINUX_PROGRAMS, "darwin": DARWIN_PROGRAMS}.get(platform, ())
+    for key in programs + ("python", "state_dir", "workspace_root", "agent_state_root"):
         if not _is_abs_clean(p[key]) or p[key] == "/":
             errors.append("%s: %r must be an absolute normalised path" % (key, p[key]))
+    for key in {"linux": DARWIN_PROGRAMS + ("pf_anchor",), "darwin": LINUX_PROGRAMS}.get(platform, ()):
+        if p[key] is not None:
+            errors.append("%s: must be null in a %s policy" % (key, platform))
+    if platform == "darwin" and not (isinstance(p["pf_anchor"], str) and _PF_ANCHOR_RE.match(p["pf_anchor"])):
+        errors.append("pf_anchor: %r must be a pf anchor name (a/b/c)" % (p["pf_anchor"],))
     for key in ("workspace_mount", "agent_state_mount"):
         if not _is_abs_clean(p[key]) or p[key] in ("/", "/etc", "/usr", "/run", "/proc", "/sys", "/dev", "/tmp"):
             errors.append("%s: %r must be an absolute path that is not a system tree" % (key, p[key]))
@@ -508,7 +566,10 @@ def validate(obj):
         errors.append("runtime_max: must be a number of seconds between 0 (no limit) and %d" % RUNTIME_MAX_LIMIT)
 
     _check_agent(p, errors)
-    _check_slots(p["slots"], errors)
+    if platform == "darwin":
+        _check_darwin_slots(p["slots"], errors)
+    else:
+        _check_slots(p["slots"], errors)
     _check_warm(p, errors)
     return errors
 

@@ -1,0 +1,282 @@
+"""The macOS launcher: ``chv-cell run -- CMD`` on a darwin policy
+(docs/macos.md).  Nothing here has run on real macOS yet.
+
+A macOS cell is a slot's unprivileged user running the payload under
+``sandbox-exec`` with the slot's Seatbelt profile (chv_cell/seatbelt.py),
+while the pf anchor of chv.fleet.cell_nat limits that user's traffic.
+
+Order of a run, as root:
+  1. claim a free slot (chv_cell/claim.py: the same flock claim as Linux);
+  2. check, fail closed: the slot's profile file is root's, not writable by
+     anyone else, and holds exactly ``seatbelt.profile(policy, slot)``; with
+     ``require_ruleset`` the pf anchor holds rules (``pfctl -a ANCHOR -s
+     rules``);
+  3. empty and recreate the slot's temp directory (the slot user's, 0700);
+  4. fork; the child drops to the slot user (setgroups to none, setgid,
+     setuid: no way back), applies the policy's rlimits, changes to the
+     workspace and execs ``sandbox-exec -f PROFILE CMD...`` as that user;
+  5. record the cell (state_dir/cells/<slot>.json: pid and uid, for the
+     broker's peer check), relay signals, enforce runtime_max, and on exit
+     remove the record, empty the temp directory and release the slot.
+
+Why the privileges are dropped before sandbox-exec rather than inside the
+sandbox: a profile that let a root process change its uid would have to
+allow exec of a set-id helper (sudo, su) in the cell; dropped first, every
+process under the sandbox is the slot user from its first instruction, and
+nothing in the profile needs to allow a privilege change.
+"""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+from . import claim as claimmod
+from . import policy as policymod
+from . import seatbelt
+
+EXIT_SETUP = 125
+EXIT_BUSY = 75
+EXIT_CONFIG = 78
+EXIT_RUNTIME = 124
+PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+
+# resource module names of the policy's rlimits (those macOS has)
+RLIMITS = {
+    "NOFILE": "RLIMIT_NOFILE",
+    "NPROC": "RLIMIT_NPROC",
+    "CORE": "RLIMIT_CORE",
+    "CPU": "RLIMIT_CPU",
+    "FSIZE": "RLIMIT_FSIZE",
+    "DATA": "RLIMIT_DATA",
+    "STACK": "RLIMIT_STACK",
+    "AS": "RLIMIT_AS",
+    "MEMLOCK": "RLIMIT_MEMLOCK",
+    "RSS": "RLIMIT_RSS",
+}
+
+
+class Refused(Exception):
+    """A run refused before the payload started; ``code`` is the exit code."""
+
+    def __init__(self, message, code=EXIT_SETUP):
+        super().__init__(message)
+        self.code = code
+
+
+def log(msg):
+    sys.stderr.write("chv-cell: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def profile_path(policy_path, slot):
+    """Where the role renders the slot's profile: seatbelt/<slot>.sb beside the policy."""
+    return os.path.join(os.path.dirname(policy_path), "seatbelt", slot["name"] + ".sb")
+
+
+def build_argv(policy, profile_file, cmd):
+    """The argv the child execs as the slot user (pure)."""
+    cmd = list(cmd)
+    if not cmd or not cmd[0]:
+        raise Refused("a command is required", EXIT_CONFIG)
+    if cmd[0].startswith("-"):
+        raise Refused("the command %r starts with '-' (sandbox-exec would read it as an option)" % cmd[0],
+                      EXIT_CONFIG)
+    return [policy["sandbox_exec"], "-f", profile_file] + cmd
+
+
+def payload_env(policy, slot, term=None):
+    """The payload's whole environment (pure): nothing of the caller's but TERM."""
+    dirs = seatbelt.slot_dirs(policy, slot)
+    env = dict(policy.get("setenv") or {})
+    env = {k: str(v) for k, v in env.items()}
+    env.update({
+        "PATH": PATH,
+        "HOME": dirs["agent_state"],
+        "USER": slot["user"],
+        "LOGNAME": slot["user"],
+        "TMPDIR": dirs["tmp"] + "/",
+        "CHV_CELL": "1",
+        "CHV_CELL_SLOT": slot["name"],
+        "CHV_WORKSPACE": dirs["workspace"],
+    })
+    if term:
+        env["TERM"] = term
+    return env
+
+
+def rlimits(policy):
+    """(resource constant name, soft, hard) for each of the policy's rlimits macOS has (pure)."""
+    out = []
+    for key, value in sorted((policy.get("rlimits") or {}).items()):
+        name = key[7:] if key.startswith("RLIMIT_") else key
+        if name not in RLIMITS:
+            continue
+        soft, _, hard = str(value).partition(":")
+        hard = hard or soft
+        conv = [-1 if v == "infinity" else int(v) for v in (soft, hard)]
+        out.append((RLIMITS[name], conv[0], conv[1]))
+    return out
+
+
+def check_profile(path, expected, stat=os.stat, read=None):
+    """Refuse unless ``path`` is root's, writable by root only, and holds ``expected``."""
+    try:
+        st = stat(path)
+        text = read(path) if read else _read(path)
+    except OSError as exc:
+        raise Refused("the slot's Seatbelt profile %s cannot be read (%s): converge the host"
+                      % (path, exc.strerror)) from None
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        raise Refused("the Seatbelt profile %s must be root's and writable by root only" % path)
+    if text != expected:
+        raise Refused("the Seatbelt profile %s differs from the one the installed policy implies: "
+                      "converge the host" % path)
+
+
+def _read(path):
+    with open(path, "r", encoding="utf-8") as fh:
+        return fh.read()
+
+
+def anchor_loaded(policy, run=subprocess.run):
+    """Whether the pf anchor holds rules (read only)."""
+    try:
+        proc = run([policy["pfctl"], "-a", policy["pf_anchor"], "-s", "rules"],
+                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0 and bool(proc.stdout.strip())
+
+
+class Launcher:
+    """``chv-cell run`` for a darwin policy (as cli.run_request calls it)."""
+
+    def __init__(self, policy, verbose=False, caller=None, policy_path=policymod.DEFAULT_POLICY_PATH):
+        self.policy = policy
+        self.verbose = verbose
+        self.caller = caller
+        self.policy_path = policy_path
+
+    def run(self, cmd, slot_name=None, timeout=None, shared_network=False, runtime_max=None):
+        pol = self.policy
+        if pol["platform"] != "darwin" or sys.platform != "darwin":
+            log("this launcher runs darwin policies on macOS only (policy %s, system %s)"
+                % (pol["platform"], sys.platform))
+            return EXIT_CONFIG
+        if shared_network:
+            log("--shared-network does not exist on macOS: every cell shares the host's network, filtered by pf")
+            return EXIT_CONFIG
+        try:
+            limit = policymod.effective_runtime_max(pol["runtime_max"], runtime_max)
+        except ValueError as exc:
+            log(str(exc))
+            return EXIT_CONFIG
+        slots = [s for s in pol["slots"] if slot_name in (None, s["name"])]
+        if not slots:
+            log("no slot named %r" % slot_name)
+            return EXIT_CONFIG
+        locks = [(s["name"], os.path.join(pol["state_dir"], "locks", s["name"] + ".lock")) for s in slots]
+        try:
+            name, held = claimmod.claim_any(locks, pol["claim_timeout"] if timeout is None else timeout)
+        except claimmod.SlotBusy as exc:
+            log("every slot is busy: %s" % exc)
+            return EXIT_BUSY
+        slot = policymod.slot_by_name(pol, name)
+        try:
+            return self._run_claimed(slot, cmd, limit)
+        except Refused as exc:
+            log(str(exc))
+            return exc.code
+        finally:
+            held.release()
+
+    def _run_claimed(self, slot, cmd, limit):
+        pol = self.policy
+        path = profile_path(self.policy_path, slot)
+        check_profile(path, seatbelt.profile(pol, slot))
+        if pol["require_ruleset"] and not anchor_loaded(pol):
+            raise Refused("pf anchor %s holds no rules (chv.fleet.cell_nat's LaunchDaemon loads it); "
+                          "refusing to run without the egress policy" % pol["pf_anchor"])
+        argv = build_argv(pol, path, cmd)
+        dirs = seatbelt.slot_dirs(pol, slot)
+        uid = gid = slot["uid_base"]
+        self._fresh_tmp(dirs["tmp"], uid, gid)
+        record = os.path.join(pol["state_dir"], "cells", slot["name"] + ".json")
+        env = payload_env(pol, slot, os.environ.get("TERM"))
+        if self.verbose:
+            log("slot %s: user %s (uid %d)%s" % (slot["name"], slot["user"], uid,
+                                                 ", for %s" % self.caller if self.caller else ""))
+        pid = os.fork()
+        if pid == 0:  # the child: become the slot user, then sandbox-exec
+            try:
+                for name, soft, hard in rlimits(pol):
+                    resource.setrlimit(getattr(resource, name), (soft, hard))
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                if os.getuid() != uid or os.geteuid() != uid:
+                    os._exit(EXIT_SETUP)
+                os.chdir(dirs["workspace"])
+                os.execve(argv[0], argv, env)
+            except OSError as exc:
+                os.write(2, ("chv-cell: cannot start the payload: %s\n" % exc).encode())
+            os._exit(EXIT_SETUP)
+        try:
+            _write_record(record, {"slot": slot["name"], "pid": pid, "uid_base": uid, "uid_size": 1})
+            return self._wait(pid, limit)
+        finally:
+            _remove(record)
+            self._fresh_tmp(dirs["tmp"], uid, gid, recreate=False)
+
+    def _wait(self, pid, limit):
+        def forward(signum, _frame):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, forward)
+        deadline = time.monotonic() + limit if limit else None
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            if deadline is not None and time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGTERM)
+                time.sleep(self.policy["stop_grace"])
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(pid, 0)
+                log("runtime_max reached: stopped")
+                return EXIT_RUNTIME
+            time.sleep(0.05)
+
+    @staticmethod
+    def _fresh_tmp(path, uid, gid, recreate=True):
+        subprocess.run(["/bin/rm", "-rf", "--", path], check=False)
+        if recreate:
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            os.mkdir(path, 0o700)
+            os.chown(path, uid, gid)
+
+
+def _write_record(path, rec):
+    import json  # noqa: PLC0415
+
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(rec, fh)
+    os.rename(tmp, path)
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -15,15 +15,34 @@ Pid reuse: where the kernel supports SO_PEERPIDFD (Linux >= 6.5) the broker
 holds a pidfd for the very process that connected; otherwise it opens one
 right after SO_PEERCRED.  After reading the namespace it checks the pidfd's
 process is still alive, so a recycled pid cannot pass for the peer.
+
+macOS (sys.platform "darwin", docs/macos.md; not run on real macOS yet):
+no pid namespaces, and each slot's identity is one unprivileged user (the
+launcher's record has uid_size 1).  The peer's uid comes from the kernel
+(getsockopt SOL_LOCAL/LOCAL_PEERCRED, a struct xucred, as getpeereid(3)
+reads it); a peer belongs to slot S when that uid is S's slot user and S's
+record names a live launcher child.  Weaker than Linux: any process of the
+slot user passes, not only those of the live cell's process tree (the slot
+users run nothing but cells: no shell, no password, hidden).
 """
 import json
 import os
 import signal
 import socket
 import struct
+import sys
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 _UCRED = struct.Struct("3i")
+# macOS <sys/un.h> and <sys/ucred.h>: getsockopt(fd, SOL_LOCAL,
+# LOCAL_PEERCRED) fills a struct xucred {u_int cr_version; uid_t cr_uid;
+# short cr_ngroups; gid_t cr_groups[NGROUPS (16)];} (76 bytes, the short
+# padded to 4); LOCAL_PEERPID gives the peer's pid as an int.
+SOL_LOCAL = 0
+LOCAL_PEERCRED = 0x001
+LOCAL_PEERPID = 0x002
+XUCRED_VERSION = 0
+XUCRED = struct.Struct("=IIhxx16I")
 
 
 class PeerRejected(Exception):
@@ -117,17 +136,68 @@ def match_cell(pid, uid, cells, ns_of=pid_namespace):
     raise PeerRejected("pid namespace is not a live cell's", pid, uid)
 
 
+def parse_xucred(raw):
+    """(uid, groups) from the bytes of a macOS struct xucred (pure)."""
+    if len(raw) < XUCRED.size:
+        raise PeerRejected("LOCAL_PEERCRED returned %d bytes, not a struct xucred" % len(raw))
+    version, uid, ngroups, *groups = XUCRED.unpack(raw[:XUCRED.size])
+    if version != XUCRED_VERSION:
+        raise PeerRejected("struct xucred version %d is not %d" % (version, XUCRED_VERSION), uid=uid)
+    if not 0 <= ngroups <= len(groups):
+        raise PeerRejected("struct xucred holds %d groups" % ngroups, uid=uid)
+    return uid, tuple(groups[:ngroups])
+
+
+def peer_credentials_darwin(conn):
+    """(pid, uid) of the process that connected ``conn`` (macOS)."""
+    uid, _groups = parse_xucred(conn.getsockopt(SOL_LOCAL, LOCAL_PEERCRED, XUCRED.size))
+    try:
+        pid = conn.getsockopt(SOL_LOCAL, LOCAL_PEERPID)
+    except OSError:
+        pid = 0
+    return pid, uid
+
+
+def match_slot_user(uid, cells, alive):
+    """Pure decision (macOS): the live cell whose slot user is ``uid``.
+
+    A record counts only with uid_size 1 (a slot user, as the macOS launcher
+    writes it) and while ``alive(record pid)``."""
+    for cell in cells:
+        if cell["uid_size"] == 1 and cell["uid_base"] == uid:
+            if alive(cell["pid"]):
+                return cell
+            raise PeerRejected("the cell of slot %s has ended" % cell["slot"], uid=uid)
+    raise PeerRejected("uid is no live cell's slot user", uid=uid)
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
 class PeerChecker:
-    def __init__(self, cells_dir, proc="/proc"):
+    def __init__(self, cells_dir, proc="/proc", platform=sys.platform):
         self.cells_dir = cells_dir
         self.proc = proc
+        self.darwin = platform == "darwin"
 
     def live_slots(self):
+        if self.darwin:
+            return {c["slot"] for c in load_cells(self.cells_dir) if pid_alive(c["pid"])}
         return {c["slot"] for c in load_cells(self.cells_dir)
                 if os.path.exists(os.path.join(self.proc, str(c["pid"])))}
 
     def identify(self, conn):
         """Return the matching cell record, or raise PeerRejected."""
+        if self.darwin:
+            _pid, uid = peer_credentials_darwin(conn)
+            return match_slot_user(uid, load_cells(self.cells_dir), pid_alive)
         pid, uid, _gid = peer_credentials(conn)
         if pid <= 0:
             raise PeerRejected("peer has no pid in our pid namespace", pid, uid)

@@ -58,18 +58,61 @@ def test_the_list_names_each_platform_once():
     assert found and all(set(p) == {"distribution", "major", "release"} for p in found), found
     assert all(isinstance(v, str) and v for p in found for v in p.values()), found
     assert len({(p["distribution"], p["major"]) for p in found}) == len(found)
-    assert [(p["distribution"], p["major"]) for p in found] == [("Debian", "12"), ("Debian", "13")]
+    assert [(p["distribution"], p["major"]) for p in found] == [("Debian", "12"), ("Debian", "13"),
+                                                                ("MacOSX", "14"), ("MacOSX", "15")]
 
 
+def family(distribution):
+    return Distribution.OS_FAMILY.get(distribution, distribution)
+
+
+# macOS (os_family Darwin, tasks/darwin.yml) needs variables Linux does not
+# (dscl, synthetic.conf, launchd labels) and the other way round (nspawn,
+# nft): each family's platforms get every variable of that family's files,
+# and the names the roles' shared files (vars/main.yml, defaults, templates)
+# use, every platform of every family.
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_every_supported_platform_gets_every_platform_variable_of_the_role(role):
     files = platform_files(role)
     every = set().union(*(set(f) for f in files.values()))
     assert every, "%s has no platform variables" % role
+    families = {}
     for p in platforms():
-        assert set(loaded(role, p["distribution"], p["major"])) == every, (role, p)
+        families.setdefault(family(p["distribution"]), []).append(p)
+    assert sorted(families) == ["Darwin", "Debian"]
+    for fam, members in families.items():
+        of_family = set().union(*(set(loaded(role, p["distribution"], p["major"])) for p in members))
+        for p in members:
+            assert set(loaded(role, p["distribution"], p["major"])) == of_family, (role, p)
+    shared = shared_names(role, every)
+    for p in platforms():
+        assert shared <= set(loaded(role, p["distribution"], p["major"])), (role, p, shared)
     # control: a platform no file serves gets none of them
     assert loaded(role, "Rocky", "9") == {}
+
+
+# The templates both task paths render (tasks/linux.yml and tasks/darwin.yml).
+SHARED_TEMPLATES = {
+    "cell_runtime": ["cell-policy.json.j2", "chv-cell.sudoers.j2", "chv-fleet-tmpfiles.conf.j2"],
+    "cell_nat": [],
+    "broker": ["broker.json.j2", "chv-broker.j2"],
+    "browser": ["browser.json.j2", "chv-browser.j2", "chv-browser.tmpfiles.j2"],
+}
+
+
+def shared_names(role, names):
+    """The platform variables both task paths use: in the templates both
+    render and, for the cell_runtime role, in the cell policy it renders
+    (a key of one platform only is written "| default(none)" there)."""
+    base = os.path.join(ROOT, "roles", role)
+    text = ""
+    for name in SHARED_TEMPLATES[role]:
+        with open(os.path.join(base, "templates", name), encoding="utf-8") as fh:
+            text += fh.read()
+    if role == "cell_runtime":
+        policy = load("roles", role, "vars", "main.yml")["__cell_runtime_policy"]
+        text += " ".join(v for v in policy.values() if isinstance(v, str) and "default(none)" not in v)
+    return {n for n in names if re.search(r"\b%s\b" % re.escape(n), text)}
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
@@ -79,16 +122,58 @@ def test_a_platform_file_holds_private_names_and_something_real(role):
     for name, content in files.items():
         assert isinstance(content, dict) and content, "vars/%s.yml of %s holds nothing" % (name, role)
         assert [k for k in content if not k.startswith(ROLES[role])] == [], (role, name)
-        assert all(v not in (None, "", [], {}) for v in content.values()), (role, name, content)
+        empty = sorted(k for k, v in content.items() if v in (None, "", [], {}))
+        assert empty == (EMPTY_ON_DARWIN.get(role, []) if name == "Darwin" else []), (role, name, empty)
+
+
+# What macOS has none of: packages the role installs (macOS ships pfctl,
+# sandbox-exec, launchctl; python3 and git come with the command line
+# tools) and a distribution chromium (chv_browser_executable_path names the
+# operator's; nothing of a distribution browser to hide from cells).
+EMPTY_ON_DARWIN = {
+    "cell_runtime": ["__cell_runtime_inaccessible_platform", "__cell_runtime_packages"],
+    "cell_nat": ["__cell_nat_packages"],
+    "broker": ["__broker_packages"],
+    "browser": ["__browser_chromium", "__browser_packages"],
+}
 
 
 def test_every_platform_has_a_molecule_scenario_that_converges_it():
+    """Linux platforms: a Molecule scenario converges them. macOS has none (no
+    macOS machine here): its darwin tasks are walked in check mode with a
+    Mac's facts instead (tests/integration/playbooks/test_darwin_check_walk.py,
+    whose facts name a supported macOS release), and docs/macos.md says that
+    nothing has run on real macOS."""
     converged = set()
     for path in glob.glob(os.path.join(ROOT, "molecule", "*", "molecule.yml")):
         for guest in load(path).get("platforms", []):
             if "chv_fleet" in guest.get("groups", []):
                 converged.add(guest.get("distro", "bookworm"))
-    assert {p["release"] for p in platforms()} <= converged, converged
+    linux = [p for p in platforms() if family(p["distribution"]) != "Darwin"]
+    assert linux and {p["release"] for p in linux} <= converged, converged
+    mac = [p for p in platforms() if family(p["distribution"]) == "Darwin"]
+    with open(os.path.join(ROOT, "tests", "integration", "playbooks", "test_darwin_check_walk.py"),
+              encoding="utf-8") as fh:
+        walk = fh.read()
+    walked = re.search(r'"distribution": "(\w+)", "distribution_major_version": "(\d+)"', walk).groups()
+    assert walked in {(p["distribution"], p["major"]) for p in mac}, walked
+    with open(os.path.join(ROOT, "docs", "macos.md"), encoding="utf-8") as fh:
+        assert "Nothing of this has run on real macOS yet" in fh.read()
+
+
+def galaxy_versions(name):
+    """The versions Galaxy's platform schema (ansible-lint's meta.json) knows for platform ``name``."""
+    import json  # noqa: PLC0415
+    import ansiblelint  # noqa: PLC0415
+    with open(os.path.join(os.path.dirname(ansiblelint.__file__), "schemas", "meta.json"), encoding="utf-8") as fh:
+        schema = json.load(fh)
+    model = next(m for m in schema["$defs"].values() if m.get("properties", {}).get("name", {}).get("const") == name)
+    return set(model["properties"]["versions"]["items"]["enum"])
+
+
+# Galaxy names macOS "macOS"; its schema lags behind Apple's releases, so the
+# metadata lists the supported ones it knows.
+GALAXY_NAMES = {"MacOSX": "macOS"}
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
@@ -96,8 +181,12 @@ def test_galaxy_metadata_names_the_supported_platforms(role):
     listed = load("roles", role, "meta", "main.yml")["galaxy_info"]["platforms"]
     expected = {}
     for p in platforms():
-        expected.setdefault(p["distribution"], []).append(p["release"])
+        name = GALAXY_NAMES.get(p["distribution"], p["distribution"])
+        if name in GALAXY_NAMES.values() and p["release"] not in galaxy_versions(name):
+            continue
+        expected.setdefault(name, []).append(p["release"])
     assert dict((e["name"], e["versions"]) for e in listed) == expected
+    assert expected["macOS"] == ["Sonoma"]
 
 
 # A path under /bin, /sbin, /usr/bin or /usr/sbin (not a venv's "{{ venv }}/bin/..."),
@@ -139,6 +228,8 @@ def test_no_distribution_path_outside_the_platform_files(role):
 
 def test_the_chromium_the_browser_drives_is_hidden_from_cells_on_every_platform():
     for p in platforms():
+        if family(p["distribution"]) == "Darwin":
+            continue  # no distribution chromium there (the operator's, chv_browser_executable_path)
         chromium = loaded("browser", p["distribution"], p["major"])["__browser_chromium"]
         hidden = loaded("cell_runtime", p["distribution"], p["major"])["__cell_runtime_inaccessible_platform"]
         assert chromium in hidden, (p, chromium, hidden)

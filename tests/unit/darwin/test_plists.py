@@ -85,7 +85,7 @@ def rundirs_commands(plist):
 
 def expected_commands(dirs):
     gid0 = {"root": "0"}
-    return [["/usr/bin/install", "-d", "-m", mode, "-o", gid0.get(owner, owner), "-g", gid0.get(group, group), path]
+    return [[CELL_RUNTIME["__cell_runtime_install"], "-d", "-m", mode, "-o", gid0.get(owner, owner), "-g", gid0.get(group, group), path]
             for path, mode, owner, group in dirs]
 
 
@@ -94,7 +94,8 @@ def test_the_cell_runtime_rundirs_plist_makes_the_tmpfiles_directories():
     dirs = tmpfiles_dirs(tmpfiles)
     assert ("/run/chv-fleet", "0700", "root", "root") in dirs
     data = render("cell_runtime", "chv-fleet-rundirs.plist.j2", __chv_rundirs_label=CELL_RUNTIME["__cell_runtime_rundirs_label"],
-                  __chv_rundirs_tmpfiles=tmpfiles)
+                  __chv_rundirs_tmpfiles=tmpfiles,
+                  __cell_runtime_install=CELL_RUNTIME["__cell_runtime_install"])
     plist = check_plist(data, CELL_RUNTIME["__cell_runtime_rundirs_label"], "root", False)
     assert rundirs_commands(plist) == expected_commands(dirs)
 
@@ -108,7 +109,8 @@ def test_the_browser_rundirs_plist_makes_its_socket_and_screenshot_directories(s
     dirs = tmpfiles_dirs(tmpfiles)
     assert len(dirs) == 2 + len(slots)
     data = render("cell_runtime", "chv-fleet-rundirs.plist.j2", __chv_rundirs_label=BROWSER["__browser_rundirs_label"],
-                  __chv_rundirs_tmpfiles=tmpfiles)
+                  __chv_rundirs_tmpfiles=tmpfiles,
+                  __cell_runtime_install=CELL_RUNTIME["__cell_runtime_install"])
     plist = check_plist(data, BROWSER["__browser_rundirs_label"], "root", False)
     assert rundirs_commands(plist) == expected_commands(dirs)
 

@@ -114,7 +114,7 @@ def rlimits(policy):
         name = key[7:] if key.startswith("RLIMIT_") else key
         if name not in RLIMITS:
             continue
-        soft, _, hard = str(value).partition(":")
+        soft, _sep, hard = str(value).partition(":")
         hard = hard or soft
         conv = [-1 if v == "infinity" else int(v) for v in (soft, hard)]
         out.append((RLIMITS[name], conv[0], conv[1]))

@@ -26,6 +26,7 @@ process under the sandbox is the slot user from its first instruction, and
 nothing in the profile needs to allow a privilege change.
 """
 
+import json
 import os
 import resource
 import signal
@@ -35,6 +36,7 @@ import time
 
 from . import claim as claimmod
 from . import policy as policymod
+from . import runner
 from . import seatbelt
 
 EXIT_SETUP = 125
@@ -225,10 +227,12 @@ class Launcher:
                 os.write(2, ("chv-cell: cannot start the payload: %s\n" % exc).encode())
             os._exit(EXIT_SETUP)
         try:
-            _write_record(record, {"slot": slot["name"], "pid": pid, "uid_base": uid, "uid_size": 1})
+            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+            rec = {"slot": slot["name"], "pid": pid, "uid_base": uid, "uid_size": 1}
+            runner._write_atomic(record, json.dumps(rec, sort_keys=True) + "\n", 0o600)  # pylint: disable=protected-access
             return self._wait(pid, limit)
         finally:
-            _remove(record)
+            runner._unlink(record)  # pylint: disable=protected-access
             self._fresh_tmp(dirs["tmp"], uid, gid, recreate=False)
 
     def _wait(self, pid, limit):
@@ -263,20 +267,3 @@ class Launcher:
             os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
             os.mkdir(path, 0o700)
             os.chown(path, uid, gid)
-
-
-def _write_record(path, rec):
-    import json  # noqa: PLC0415
-
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(rec, fh)
-    os.rename(tmp, path)
-
-
-def _remove(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -242,26 +242,36 @@ def _check_binds(name, binds, errors, state_dir):
             errors.append("%s: target %s would replace a system tree of the cell" % (where, tgt))
 
 
-def _check_slots(slots, errors):
+def _typed_slots(slots, fields, errors):
+    """(index, record) of each slot record that has every field of ``fields``
+    with its type; one error for each other record, or for a slot list that
+    is no non-empty list."""
     if not isinstance(slots, list) or not slots:
         errors.append("slots: must be a non-empty list of slot identities")
-        return
-    seen = {k: {} for k in ("name", "index", "machine", "host_ifname")}
-    nets = []
-    ranges = []
+        return []
+    out = []
     for i, s in enumerate(slots):
         where = "slots[%d]" % i
         if not isinstance(s, dict):
             errors.append("%s: must be a mapping" % where)
             continue
-        missing = [k for k in SLOT_FIELDS if k not in s]
+        missing = [k for k in fields if k not in s]
         if missing:
             errors.append("%s: missing %s" % (where, ", ".join(missing)))
             continue
-        bad = [k for k, t in SLOT_FIELDS.items() if not isinstance(s[k], t) or isinstance(s[k], bool)]
+        bad = [k for k, t in fields.items() if not isinstance(s[k], t) or isinstance(s[k], bool)]
         if bad:
             errors.append("%s: wrong type for %s" % (where, ", ".join(bad)))
             continue
+        out.append((i, s))
+    return out
+
+
+def _check_slots(slots, errors):
+    seen = {k: {} for k in ("name", "index", "machine", "host_ifname")}
+    nets = []
+    ranges = []
+    for i, s in _typed_slots(slots, SLOT_FIELDS, errors):
         where = "slots[%d] (%s)" % (i, s["name"])
         if not _SLOT_RE.match(s["name"]):
             errors.append("%s: name must match %s" % (where, _SLOT_RE.pattern))
@@ -318,23 +328,8 @@ def _check_slots(slots, errors):
 
 def _check_darwin_slots(slots, errors):
     """A darwin policy's slots: each an unprivileged user of its own."""
-    if not isinstance(slots, list) or not slots:
-        errors.append("slots: must be a non-empty list of slot identities")
-        return
     seen = {k: {} for k in ("name", "index", "user", "uid_base")}
-    for i, s in enumerate(slots):
-        where = "slots[%d]" % i
-        if not isinstance(s, dict):
-            errors.append("%s: must be a mapping" % where)
-            continue
-        missing = [k for k in DARWIN_SLOT_FIELDS if k not in s]
-        bad = [k for k, t in DARWIN_SLOT_FIELDS.items()
-               if k in s and (not isinstance(s[k], t) or isinstance(s[k], bool))]
-        if missing or bad:
-            errors.append("%s: %s" % (where, "; ".join(
-                (["missing %s" % ", ".join(missing)] if missing else [])
-                + (["wrong type for %s" % ", ".join(bad)] if bad else []))))
-            continue
+    for i, s in _typed_slots(slots, DARWIN_SLOT_FIELDS, errors):
         where = "slots[%d] (%s)" % (i, s["name"])
         if not _SLOT_RE.match(s["name"]):
             errors.append("%s: name must match %s" % (where, _SLOT_RE.pattern))

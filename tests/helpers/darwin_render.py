@@ -4,12 +4,14 @@ of tests/unit/darwin. Also: cell policies for macOS as the cell_runtime
 role renders them (the launcher's defaults, a darwin platform, the role's
 default lists), and a small s-expression reader for Seatbelt profiles."""
 
+import base64
 import copy
 import json
 import os
 import re
 
 import jinja2
+import jinja2.nativetypes
 import yaml
 
 import cellrt  # noqa: F401  # pylint: disable=unused-import  (puts the launcher package on sys.path)
@@ -33,6 +35,15 @@ def environment():
     })
     env.tests["match"] = lambda value, pattern: re.match(pattern, value) is not None
     return env
+
+
+def evaluate(expression, **variables):
+    """A role variable's Jinja expression (vars/*.yml) evaluated as Ansible
+    does, to a native value."""
+    env = jinja2.nativetypes.NativeEnvironment(trim_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(environment().filters)
+    env.filters["b64decode"] = lambda text: base64.b64decode(text).decode()
+    return env.from_string(expression.strip()).render(**variables)
 
 
 def template_path(role, name):

@@ -7,8 +7,9 @@ role's validate entry point, then the roles), with `--check`. A callback of
 this test records every task result with its file and line.
 
 Checks: the run succeeds; every task of every darwin task file
-(roles/*/tasks/darwin.yml and the cell_runtime role's launchd.yml and
-rundirs.yml, which they include) got a result on the host and none failed;
+(roles/*/tasks/darwin.yml, the cell_runtime role's launchd.yml and
+rundirs.yml and the cell_nat role's pf_anchor.yml, which they
+include) got a result on the host and none failed;
 no Linux task file ran; and nothing on this machine changed (the files the
 macOS tasks would write, the user and group databases). The launchd entry
 point is also walked with state absent (bootout, removal). Runs in a few
@@ -28,7 +29,8 @@ from testpaths import ROOT
 
 BIN = os.path.dirname(sys.executable)
 DARWIN_FILES = sorted(glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "darwin.yml"))) + [
-    os.path.join(ROOT, "roles", "cell_runtime", "tasks", name) for name in ("launchd.yml", "rundirs.yml")]
+    os.path.join(ROOT, "roles", "cell_runtime", "tasks", name) for name in ("launchd.yml", "rundirs.yml")] + [
+    os.path.join(ROOT, "roles", "cell_nat", "tasks", name) for name in ("pf_anchor.yml",)]
 # What the macOS tasks would write on a Mac, and what account tasks would change.
 WATCHED = ["/etc/synthetic.conf", "/etc/pf.anchors", "/Library", "/etc/chv-fleet/seatbelt", "/private",
            "/etc/passwd", "/etc/group", "/etc/shadow", "/etc/sudoers.d", "/var/lib/chv-fleet", "/usr/lib/chv-fleet",
@@ -233,3 +235,17 @@ def test_the_walk_counts(walk, capsys):
                          % (len(darwin), ", ".join("%s %d" % kv for kv in sorted(statuses.items())),
                             sum(len(task_lines(p)) for p in DARWIN_FILES)))
     assert statuses.get("ok", 0) > 0 and statuses.get("skipped", 0) > 0
+
+
+def test_the_browser_renders_the_anchor_again_with_its_door_uid(walk):
+    """The door: after the browser role writes chv-browser's uid drop-in, the
+    cell_nat role's pf entry point renders the anchor again in the same run
+    (its render task has a result from the cell_nat role and one from the
+    browser's include), so chv-browser never runs without the cells' rules."""
+    records = walk[2]
+    render = os.path.join(ROOT, "roles", "cell_nat", "tasks", "pf_anchor.yml")
+    line = next(n for n in task_lines(render)
+                if "pf-anchor.conf.j2" in "".join(open(render, encoding="utf-8").readlines()[n - 1:n + 3]))
+    results = [r for r in records if os.path.realpath(r["path"].rpartition(":")[0]) == os.path.realpath(render)
+               and int(r["path"].rpartition(":")[2]) == line]
+    assert len(results) == 2 and {r["status"] for r in results} == {"ok"}, results

@@ -5,11 +5,12 @@ rule by rule against the rules each policy implies, written out here by
 hand: the exact list, in order (the rules are quick: order is meaning),
 nothing extra."""
 
+import base64
 import re
 
 import pytest
 
-from darwin_render import darwin_vars, render
+from darwin_render import darwin_vars, evaluate, render
 from ansible_collections.chv.fleet.plugins.filter.darwin import darwin_slots, pf_anchor_rules
 from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import CellNatError
 from ansible_collections.chv.fleet.plugins.module_utils.pf_anchor import anchor_rules
@@ -62,12 +63,30 @@ RULE = re.compile(
     r"(all|to (self|\d+\.\d+\.\d+\.\d+(/\d+)?)( port \d+(:\d+)?)?) user \{( \d+)+ \}( keep state)?$")
 
 
+# The doors: chv-browser's drop-in in cell_nat_door_dir, as tasks/pf_anchor.yml reads it (slurp).
+UD = "user { 410 524288 589824 }"
+VARIANTS["a door's uid beside two slots, a deny list"] = dict(
+    slots=2, allow=[], deny=[{"cidr": "10.0.2.101/32"}], dns=[], doors=["410\n"],
+    expected=[h % UD for h in HEAD] + [
+        "block drop out quick inet proto { tcp udp } to 10.0.2.101/32 %s" % UD,
+        "pass out quick inet proto { tcp udp } all %s keep state" % UD])
+
+
 def rendered(variant):
+    """The anchor as the role renders it: vars/Darwin.yml's __cell_nat_door_uids
+    and __cell_nat_pf_rules evaluated, then the template."""
     v = VARIANTS[variant]
     dvars = darwin_vars("cell_nat")
     slots = darwin_slots(v["slots"])
-    rules = pf_anchor_rules([s["uid_base"] for s in slots], v["allow"], v["deny"], v["dns"])
+    read = {"results": [{"item": "/etc/chv-fleet/nft/door.d/d%d.uid" % i, "source": "d%d.uid" % i,
+                         "content": base64.b64encode(text.encode()).decode()}
+                        for i, text in enumerate(v.get("doors", []))]}
+    doors = evaluate(dvars["__cell_nat_door_uids"], __cell_nat_door_read=read)
+    rules = evaluate(dvars["__cell_nat_pf_rules"], cell_nat_slots=slots, __cell_nat_door_uids=doors,
+                     __cell_nat_egress_allow=v["allow"], __cell_nat_egress_deny=v["deny"],
+                     cell_nat_dns_resolvers=v["dns"])
     return render("cell_nat", "pf-anchor.conf.j2", cell_nat_slots=slots, __cell_nat_pf_rules=rules,
+                  __cell_nat_door_uids=doors, cell_nat_door_dir="/etc/chv-fleet/nft/door.d",
                   __cell_nat_pf_anchor=dvars["__cell_nat_pf_anchor"], __cell_nat_pf_label=dvars["__cell_nat_pf_label"])
 
 
@@ -112,6 +131,8 @@ def test_the_header_names_the_anchor_and_its_loader_and_never_pf_conf_as_edited(
     text = rendered("open egress, two slots")
     assert "pf anchor com.apple/chv.fleet" in text and "org.chv-fleet.cell-pf" in text
     assert "/etc/pf.conf is never edited" in text
+    assert "uids none yet" in text
+    assert "uids 410: the drop-ins of /etc/chv-fleet/nft/door.d" in rendered("a door's uid beside two slots, a deny list")
 
 
 @pytest.mark.parametrize("allow, deny, dns, message", [

@@ -279,5 +279,6 @@ image: sysdeps venv
 test-vm: venv
 	@$(MAKE) --no-print-directory sysdeps SYS_PACKAGES="$(VM_PACKAGES)"
 	@test -f $(IMAGE_DIR)/$(IMAGE_NAME).qcow2 || $(MAKE) --no-print-directory image
-	@start=$$(date +%s); cd $(ROOT) && CHV_IMAGE=$(IMAGE_DIR)/$(IMAGE_NAME) $(VENV)/bin/python -m pytest tests/vm \
+	@start=$$(date +%s); cd $(ROOT) && CHV_IMAGE=$(IMAGE_DIR)/$(IMAGE_NAME) \
+	  CHV_VM_REPORT_DIR=$(BUILD)/reports/vm-$(IMAGE_DISTRO) $(VENV)/bin/python -m pytest tests/vm \
 	  -v -p no:cacheprovider --durations=0; echo "make test-vm: $$(( $$(date +%s) - start )) s"

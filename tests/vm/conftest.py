@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,6 +62,14 @@ ethernets:
       - to: 0.0.0.0/0
         via: 10.0.2.2
 """
+
+
+# Destinations outside the VM for the audit (test_vm.ALLOWED, DENIED): qemu's
+# user network forwards a guest's connection to them, restrict=on or not,
+# to a process of its own on this machine (guestfwd cmd:) that answers as
+# chv-cell audit's listener does (answer.py). Nothing leaves this machine.
+ANSWER = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "answer.py")]
+GUESTFWD = ["guestfwd=tcp:%s-cmd:%s" % (dest, " ".join(ANSWER)) for dest in ("10.0.2.100:80", "10.0.2.101:80")]
 
 
 def free_port():
@@ -120,7 +129,8 @@ class VM(object):
                 "-kernel", m["kernel"], "-initrd", m["initrd"], "-append", m["cmdline"],
                 "-drive", "file=%s,if=virtio,format=qcow2" % disk,
                 "-drive", "file=%s,if=virtio,format=raw,readonly=on" % seed,
-                "-netdev", "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:%d-%s:22" % (self.port, self.address),
+                "-netdev", "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:%d-%s:22,%s"
+                % (self.port, self.address, ",".join(GUESTFWD)),
                 "-device", "virtio-net-pci,netdev=net0,mac=%s,romfile=" % self.mac,
                 "-device", "virtio-rng-pci",
                 "-serial", "file:" + self.console]
@@ -215,7 +225,7 @@ def manifest():
 
 @pytest.fixture(scope="session")
 def report():
-    """Figures the tests measure, written to build/reports/vm/vm-test.json at the end."""
+    """Figures the tests measure, written to build/reports/vm-<distro>/vm-test.json at the end."""
     data = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     t0 = time.monotonic()
     yield data

@@ -8,7 +8,7 @@ network, the broker answers a cell and rejects the guest, a cell cannot read
 (`chv-cell audit`) passes. Each negative check runs beside its positive
 control; a cell that did not start (exit 125) is never a pass.
 
-Figures (boot to SSH, converge, cell start) go to build/reports/vm/vm-test.json:
+Figures (boot to SSH, converge, cell start) go to build/reports/vm-<distro>/vm-test.json:
 they are TCG figures, not CHV/KVM ones."""
 
 import json
@@ -105,33 +105,40 @@ def test_generalized_guest_refuses_cells_until_converged(vms):
         assert g.ssh("test -x /usr/lib/chv-fleet/chv-cell && systemctl is-enabled chv-broker.socket").returncode == 0
 
 
-@pytest.fixture(scope="session")
-def converged(vms, report):
-    """site.yml on both guests in one batch, vm1 with a host_vars override
-    (chv_cell_slots: 3), the other with the defaults (2 slots), both with
-    MemoryMax 512M per cell (3 x 512M fit the 2 GiB guest); the VMs
-    reach nothing outside, so nothing can be downloaded."""
+# Stand-ins for destinations outside the VM, which qemu's user network
+# (restrict=on) forwards to this machine (guestfwd, conftest.py): one the
+# cells may reach, one the egress policy denies (cell_nat_egress_deny below).
+ALLOWED, DENIED = "10.0.2.100:80", "10.0.2.101:80"
+
+
+def run_site(vms, log_name):
+    """site.yml on both guests in one batch: (process, seconds, recap by guest)."""
     workdir = os.path.dirname(vms[0].dir)
-    pyver = vms[0].ssh("python3 -c 'import sys; print(\"%d%d\" % sys.version_info[:2])'").stdout.strip()
-    arch = vms[0].ssh("uname -m").stdout.strip()
-    wheels = os.path.expanduser("~/.cache/chv-fleet/wheels/playwright-%s-cp%s-%s" % (PLAYWRIGHT, pyver, arch))
-    hosts = {
-        "vm1": {"ansible_host": "127.0.0.1", "ansible_port": by_name(vms, "vm1").port, "chv_cell_slots": 3},
-        "vm2": {"ansible_host": "127.0.0.1", "ansible_port": by_name(vms, "vm2").port},
-    }
-    group_vars = {
-        "ansible_user": "root", "ansible_ssh_private_key_file": vms[0].key,
-        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
-        "ansible_python_interpreter": "/usr/bin/python3", "ansible_pipelining": True,
-        "chv_browser_playwright_version": PLAYWRIGHT,
-        # the preflight refuses more slots x MemoryMax than the guest's memory (2 GiB here)
-        "chv_cell_properties": {"MemoryMax": "512M"},
-    }
-    if os.path.isdir(wheels):
-        group_vars["chv_browser_wheel_dir"] = wheels
     inventory = os.path.join(workdir, "inventory.json")
-    with open(inventory, "w") as f:
-        json.dump({"chv_fleet": {"hosts": hosts, "vars": group_vars}}, f)
+    if not os.path.exists(inventory):
+        pyver = vms[0].ssh("python3 -c 'import sys; print(\"%d%d\" % sys.version_info[:2])'").stdout.strip()
+        arch = vms[0].ssh("uname -m").stdout.strip()
+        wheels = os.path.expanduser("~/.cache/chv-fleet/wheels/playwright-%s-cp%s-%s" % (PLAYWRIGHT, pyver, arch))
+        hosts = {
+            "vm1": {"ansible_host": "127.0.0.1", "ansible_port": by_name(vms, "vm1").port, "chv_cell_slots": 3},
+            "vm2": {"ansible_host": "127.0.0.1", "ansible_port": by_name(vms, "vm2").port},
+        }
+        group_vars = {
+            "ansible_user": "root", "ansible_ssh_private_key_file": vms[0].key,
+            "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+            "ansible_python_interpreter": "/usr/bin/python3", "ansible_pipelining": True,
+            "chv_browser_playwright_version": PLAYWRIGHT,
+            # the preflight refuses more slots x MemoryMax than the guest's memory (2 GiB here)
+            "chv_cell_properties": {"MemoryMax": "512M"},
+            # TCG: chromium's first launch in the VM takes longer than the defaults' 60 s
+            "chv_broker_browser_timeout": 300, "chv_browser_request_timeout": 300,
+            # the denied stand-in (NET-05 of the audit)
+            "cell_nat_egress_deny": [{"cidr": DENIED.split(":")[0] + "/32", "comment": "the VM test's denied stand-in"}],
+        }
+        if os.path.isdir(wheels):
+            group_vars["chv_browser_wheel_dir"] = wheels
+        with open(inventory, "w") as f:
+            json.dump({"chv_fleet": {"hosts": hosts, "vars": group_vars}}, f)
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build", "dev-collections"),
                ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"), ANSIBLE_TIMEOUT="60")
@@ -141,9 +148,20 @@ def converged(vms, report):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600, check=False)
     seconds = time.monotonic() - start
     os.makedirs(REPORTS, exist_ok=True)
-    with open(os.path.join(REPORTS, "converge.log"), "w") as f:
+    with open(os.path.join(REPORTS, log_name), "w") as f:
         f.write(proc.stdout + proc.stderr)
     recap = dict(re.findall(r"^(vm\d)\s+:\s+(.*)$", proc.stdout.split("PLAY RECAP")[-1], re.M))
+    return proc, seconds, recap
+
+
+@pytest.fixture(scope="session")
+def converged(vms, report):
+    """site.yml on both guests in one batch, vm1 with a host_vars override
+    (chv_cell_slots: 3), the other with the defaults (2 slots), both with
+    MemoryMax 512M per cell (3 x 512M fit the 2 GiB guest) and the denied
+    stand-in in the egress policy; the VMs reach nothing outside, so
+    nothing can be downloaded."""
+    proc, seconds, recap = run_site(vms, "converge.log")
     report["converge"] = {"seconds": round(seconds, 1), "rc": proc.returncode, "recap": recap}
     assert proc.returncode == 0, (proc.stdout[-6000:], proc.stderr[-3000:])
     return recap
@@ -160,6 +178,18 @@ def test_first_converge_allocates_per_guest_ledgers_offline(vms, converged, repo
     # nothing was fetched: apt's package lists are still empty (the image carries none)
     for g in vms:
         assert g.ssh("ls /var/lib/apt/lists | grep -c _ || true").stdout.strip() == "0"
+
+
+def test_second_converge_changes_nothing(vms, converged, report):
+    proc, seconds, recap = run_site(vms, "converge-again.log")
+    report["converge_again"] = {"seconds": round(seconds, 1), "rc": proc.returncode, "recap": recap}
+    assert proc.returncode == 0, (proc.stdout[-6000:], proc.stderr[-3000:])
+    assert sorted(recap) == ["vm1", "vm2"], recap
+    for name, line in recap.items():
+        counts = dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", line))
+        # the control: the run did reach the guest and ran the roles' tasks
+        assert counts["ok"] > 50 and counts["failed"] == 0 and counts["unreachable"] == 0, (name, line)
+        assert counts["changed"] == 0, (name, line, [t for t in proc.stdout.splitlines() if t.startswith("changed:")])
 
 
 def cell(vm, script, check=True, timeout=300):
@@ -250,11 +280,28 @@ def test_cell_cannot_reach_the_guests_services(vms, converged, report):
         assert lines.get(t) == "TimeoutError", out
 
 
+def test_browser_opens_the_allowed_page_for_a_cell(vms, converged, report):
+    """The door's positive case, and chromium's first (slow, under TCG)
+    launch before the audit's BRW cases, whose requests wait 90 s at most."""
+    vm = by_name(vms, "vm1")
+    request = json.dumps({"op": "browser", "action": "open", "url": "http://%s/" % ALLOWED})
+    start = time.monotonic()
+    out = cell(vm, "CHV_BROKER_TIMEOUT=400 python3 %s %s" % (CLIENT, shquote(request)), timeout=600).stdout
+    report["browser_first_open_s"] = round(time.monotonic() - start, 1)
+    reply = json.loads(out.strip().splitlines()[-1])
+    assert reply.get("ok") is True, reply
+    # the page's heading reached the cell's snapshot (served outside the VM, through the door)
+    assert "chv-audit" in json.dumps(reply["result"]), reply
+
+
 def test_isolation_catalog_passes_in_the_vm(vms, converged, report):
     vm = by_name(vms, "vm1")
     start = time.monotonic()
+    # the stand-ins outside the VM: --allow (NET-01), --deny (NET-05) and the page chv-browser opens (BRW)
     proc = vm.ssh("chv-cell audit --json --runs 10 --metadata-stand-in --trusted /etc/chv-fleet/nft/cell-nat.nft "
-                  "--report-dir /var/lib/chv-fleet/audit --label image=%s" % os.path.basename(os.environ.get("CHV_IMAGE", "")),
+                  "--allow %s --deny %s --allow-url http://%s/ "
+                  "--report-dir /var/lib/chv-fleet/audit --label image=%s"
+                  % (ALLOWED, DENIED, ALLOWED, os.path.basename(os.environ.get("CHV_IMAGE", ""))),
                   check=False, timeout=1800)
     seconds = time.monotonic() - start
     rep = json.loads(proc.stdout)
@@ -266,4 +313,8 @@ def test_isolation_catalog_passes_in_the_vm(vms, converged, report):
     with open(os.path.join(REPORTS, "audit-vm1.json"), "w") as f:
         f.write(proc.stdout)
     assert proc.returncode == 0 and rep["verdict"] == "passed", report["audit"]
-    assert rep["counts"]["pass"] > 0 and rep["counts"]["error"] == 0
+    # every case ran in the VM, each beside its control: none skipped
+    assert rep["counts"]["error"] == 0 and report["audit"]["skipped"] == [], report["audit"]
+    assert rep["counts"]["pass"] == len(rep["cases"]) >= 40, report["audit"]
+    for c in rep["cases"]:
+        assert c["probe"] and c["control"], c

@@ -99,3 +99,54 @@ def truncate(text, max_lines, max_bytes):
         out = raw[:max_bytes].decode("utf-8", "ignore")
         truncated = True
     return out, truncated
+
+
+# ---------------------------------------------------------------- the end of a cell's run
+# Operations only guest root outside every cell may ask for (chv-cell's launcher, after a
+# cell ended and before its slot can be claimed again; chv_cell/doors.py). chv-broker never
+# forwards them: it forwards only protocol.BROWSER_ACTIONS, and these are not among them.
+ADMIN_ACTIONS = {"end": ()}
+
+_CELL = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
+
+
+def check_cell(cell):
+    """The identity of the cell incarnation a request is for (opaque to chv-browser, e.g. the
+    cell leader's pid and pid namespace inode as chv-broker's peer check saw them), or None
+    when the request names none."""
+    if cell is None:
+        return None
+    if not isinstance(cell, str) or not _CELL.fullmatch(cell):
+        raise Refused("cell must match [A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
+    return cell
+
+
+def admin_peer_problem(uid, own_uid_map):
+    """Why a peer with SO_PEERCRED ``uid`` may not ask for an ADMIN_ACTIONS operation, or None.
+
+    Only uid 0 of the guest's own user namespace may: the kernel reports a peer's uid as seen
+    from chv-browser's user namespace, and a cell's processes (nspawn --private-users, the
+    slot's uid range, never starting at 0) are never uid 0 there. ``own_uid_map`` is the text
+    of chv-browser's /proc/self/uid_map: it must be the initial user namespace's identity map,
+    else a uid 0 seen here could be anybody's.
+    """
+    if own_uid_map.split() != ["0", "0", "4294967295"]:
+        return "chv-browser does not run in the initial user namespace (uid_map %r)" % own_uid_map.strip()
+    if uid != 0:
+        return "only root outside every cell may end a slot's browser state (peer uid %d)" % uid
+    return None
+
+
+def check_pages_per_slot(value):
+    """pages_per_slot of the configuration: an integer of at least 1 (the slot's own page included)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("pages_per_slot must be an integer of at least 1, not %r" % (value,))
+    return value
+
+
+def admit_page(open_pages, cap, request_running):
+    """Whether a page a slot's context just opened (a popup, window.open, target=_blank) may stay
+    open: only while one of the slot's requests runs and while the slot has fewer than ``cap``
+    pages open (``open_pages``, its own page included, the new one not). A page opened by a page
+    when no request of its slot runs is never needed (operations act on the slot's own page)."""
+    return request_running and open_pages < cap

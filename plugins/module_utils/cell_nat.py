@@ -18,7 +18,10 @@ that load the rendered ruleset into network namespaces:
   number of slots;
 * the doors: the socket owner UIDs whose traffic on the guest itself gets
   the cells' egress policy (the slots' UID ranges, which sync workers run
-  as; chv-browser's UID is added by the browser role's drop-in).
+  as; chv-browser's UID is added by the browser role's drop-in);
+* the private and special-purpose ranges (``SPECIAL_PURPOSE``) denied to
+  cells and doors by default, and the allow entries that open one of them
+  (carve-outs, ``split_allow``).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -47,6 +50,33 @@ _PORT_RANGE_RE = re.compile(r"^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?\Z")
 
 PROTOCOLS = ("tcp", "udp")
 LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")
+
+# The private and special-purpose IPv4 ranges (RFC 6890 and the registries it
+# started: RFC 1918, 6598, 5737, 7526, 2544, 5771...), the one home of the
+# list: denied to cells and doors by default (counter drop_special_range),
+# in the Linux ruleset and the macOS pf anchor alike. Not a role variable, so
+# that no override can empty it: an operator opens one range with an allow
+# entry that lies inside it (a carve-out, split_allow). IPv6 needs no list:
+# cells and doors have no IPv6 path at all (drop_ipv6).
+SPECIAL_PURPOSE = (
+    ("0.0.0.0/8", "this network (RFC 791, RFC 6890)"),
+    ("10.0.0.0/8", "private use (RFC 1918)"),
+    ("100.64.0.0/10", "shared address space, carrier-grade NAT (RFC 6598)"),
+    ("127.0.0.0/8", "loopback (RFC 1122)"),
+    ("169.254.0.0/16", "link-local, the metadata address (RFC 3927); never opened"),
+    ("172.16.0.0/12", "private use (RFC 1918)"),
+    ("192.0.0.0/24", "IETF protocol assignments (RFC 6890)"),
+    ("192.0.2.0/24", "documentation, TEST-NET-1 (RFC 5737)"),
+    ("192.88.99.0/24", "6to4 relay anycast, deprecated (RFC 7526)"),
+    ("192.168.0.0/16", "private use (RFC 1918)"),
+    ("198.18.0.0/15", "benchmarking (RFC 2544)"),
+    ("198.51.100.0/24", "documentation, TEST-NET-2 (RFC 5737)"),
+    ("203.0.113.0/24", "documentation, TEST-NET-3 (RFC 5737)"),
+    ("224.0.0.0/4", "multicast (RFC 5771)"),
+    ("240.0.0.0/4", "reserved (RFC 1112)"),
+    ("255.255.255.255/32", "limited broadcast (RFC 919)"),
+)
+SPECIAL_PURPOSE_NETS = tuple(ipaddress.IPv4Network(cidr) for cidr, _comment in SPECIAL_PURPOSE)
 # Hooks and families on which a foreign chain can drop cell traffic.
 # ip6 chains are ignored: cells have no IPv6 path at all.
 CONFLICT_HOOKS = ("forward", "input")
@@ -64,6 +94,8 @@ VERDICT_COUNTERS = (
     ("drop_cell_to_guest", "cell to the guest's own addresses and services"),
     ("drop_link_local", "cell to 169.254.0.0/16 (metadata address included)"),
     ("drop_denied", "destination on the egress deny list"),
+    ("drop_special_range", "destination in a private or special-purpose range no allow entry opens"),
+    ("accept_carve_out", "new connections to a special-purpose range an allow entry opens (carve-out)"),
     ("drop_not_allowed", "destination not on the egress allow list (allow-list mode)"),
     ("drop_not_uplink", "egress through an interface other than the uplink"),
     ("drop_invalid", "conntrack state invalid"),
@@ -226,8 +258,52 @@ def entry_subset(a, b):
     return set(a.protos) <= set(b.protos) and _ranges_subset(a.ports, b.ports)
 
 
-def parse_egress_list(entries, label):
-    """Validate one allow/deny list; return a list of EgressEntry."""
+def special_range_of(net):
+    """The (cidr, comment) of SPECIAL_PURPOSE holding all of ``net``, or None."""
+    for (cidr, comment), special in zip(SPECIAL_PURPOSE, SPECIAL_PURPOSE_NETS):
+        if net.subnet_of(special):
+            return cidr, comment
+    return None
+
+
+def special_purpose_nets():
+    """SPECIAL_PURPOSE as the disjoint networks an nft interval set takes
+    (240.0.0.0/4 holds 255.255.255.255/32), as strings."""
+    return [str(n) for n in ipaddress.collapse_addresses(SPECIAL_PURPOSE_NETS)]
+
+
+def _only_special(net):
+    """Whether every address of ``net`` is in some special-purpose range."""
+    covered = 0
+    for special in ipaddress.collapse_addresses(SPECIAL_PURPOSE_NETS):
+        if special.subnet_of(net):
+            covered += special.num_addresses
+        elif net.subnet_of(special):
+            return True
+    return covered == net.num_addresses
+
+
+def split_allow(allow):
+    """(carve-outs, the other allow entries).
+
+    A carve-out is an allow entry lying inside one special-purpose range: it
+    opens just that range, beating the default deny.  Every other allow entry
+    reaches only addresses outside the special-purpose ranges (0.0.0.0/0
+    means every public address), whatever it overlaps.
+    """
+    carve, general = [], []
+    for entry in allow:
+        (carve if special_range_of(entry.net) else general).append(entry)
+    return carve, general
+
+
+def parse_egress_list(entries, label, allow=False):
+    """Validate one allow/deny list; return a list of EgressEntry.
+
+    ``allow``: the list is an allow list, whose carve-outs (entries inside a
+    special-purpose range) may overlap its other entries: they open
+    different addresses (split_allow), so they never compete.
+    """
     if entries is None:
         return []
     if not isinstance(entries, list):
@@ -262,13 +338,33 @@ def parse_egress_list(entries, label):
         comment = raw.get("comment") or ""
         if not isinstance(comment, str) or '"' in comment or "\n" in comment:
             raise CellNatError("%s.comment: must be a one-line string without double quotes" % item_label)
-        result.append(EgressEntry(net, protos, ports, item_label, comment))
+        entry = EgressEntry(net, protos, ports, item_label, comment)
+        if allow:
+            _check_allow_entry(entry, cidr_label)
+        result.append(entry)
     for i, first in enumerate(result):
         for second in result[i + 1:]:
+            if allow and bool(special_range_of(first.net)) != bool(special_range_of(second.net)):
+                continue
             if entries_intersect(first, second):
                 raise CellNatError("%s: %s overlaps %s: %s; merge or split them" % (
                     second.label, second.describe(), first.label, first.describe()))
     return result
+
+
+def _check_allow_entry(entry, label):
+    """An allow entry must open something: link-local is never opened (the
+    metadata address; drop_link_local comes before every allow), and an
+    entry made only of special-purpose addresses that is not inside one range
+    would open none of them."""
+    if entry.net.subnet_of(LINK_LOCAL):
+        raise CellNatError("%s: %s is link-local (169.254.0.0/16, the metadata address): it is never opened, "
+                           "an allow entry cannot carve it out" % (label, entry.net))
+    if not special_range_of(entry.net) and _only_special(entry.net):
+        ranges = [c for c, n in zip(SPECIAL_PURPOSE, SPECIAL_PURPOSE_NETS) if n.overlaps(entry.net)]
+        raise CellNatError("%s: %s holds only special-purpose addresses (%s) but lies inside none of these "
+                           "ranges, so it would open nothing: write one allow entry per range it should open"
+                           % (label, entry.net, ", ".join(c for c, _n in ranges)))
 
 
 def check_allow_deny(allow, deny):
@@ -561,6 +657,8 @@ def build_ruleset(slots, uplink, allow=(), deny=(), dns_resolvers=(), dns_via_ga
     def ports(entries):
         return [el for e in entries if e.protos is not None for el in e.nft_port_elements()]
 
+    carve, general = split_allow(allow)
+
     return {
         "family": TABLE_FAMILY,
         "table": TABLE_NAME,
@@ -569,8 +667,12 @@ def build_ruleset(slots, uplink, allow=(), deny=(), dns_resolvers=(), dns_via_ga
                   for s in slots],
         "counters": [{"name": n, "comment": c} for n, c in VERDICT_COUNTERS],
         "allow_mode": bool(allow),
-        "allow_nets": nets(allow),
-        "allow_ports": ports(allow),
+        "allow_nets": nets(general),
+        "allow_ports": ports(general),
+        "special_ranges": [{"cidr": c, "comment": n} for c, n in SPECIAL_PURPOSE],
+        "special_nets": special_purpose_nets(),
+        "carve_nets": nets(carve),
+        "carve_ports": ports(carve),
         "deny_nets": nets(deny),
         "deny_ports": ports(deny),
         "dns_resolvers": [str(a) for a in dns_resolvers],
@@ -593,7 +695,7 @@ def plan(params, interfaces, route_json, prefix="cell_nat_"):
     Raises CellNatError naming ``prefix + key`` on the first problem.
     """
     slots = normalize_slot_records(params.get("slots") or [], _label(prefix, "slots"))
-    allow = parse_egress_list(params.get("egress_allow") or [], _label(prefix, "egress_allow"))
+    allow = parse_egress_list(params.get("egress_allow") or [], _label(prefix, "egress_allow"), allow=True)
     deny = parse_egress_list(params.get("egress_deny") or [], _label(prefix, "egress_deny"))
     check_allow_deny(allow, deny)
     resolvers = []

@@ -18,9 +18,12 @@ the evaluation) and in this order, as the nftables egress chain:
 3. link-local (169.254.0.0/16): blocked;
 4. each deny entry: blocked (the deny list always wins);
 5. DNS (tcp and udp 53) to each resolver: passed;
-6. allow-list mode (a non-empty allow list): each allow entry passed, then
-   everything else of the slot users blocked; otherwise everything else
-   passed.
+6. each allow entry inside a special-purpose range (a carve-out): passed;
+7. the private and special-purpose ranges (``cell_nat.SPECIAL_PURPOSE``):
+   blocked;
+8. allow-list mode (a non-empty allow list): each other allow entry passed,
+   then everything else of the slot users blocked; otherwise everything
+   else passed.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -34,6 +37,8 @@ from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import (
     CellNatError,
     check_allow_deny,
     parse_egress_list,
+    special_purpose_nets,
+    split_allow,
 )
 
 LOOPBACK = ipaddress.IPv4Network('127.0.0.0/8')
@@ -77,7 +82,7 @@ def _entry_rules(action, entry, users):
 def check_egress(allow=(), deny=(), dns_resolvers=(), label='cell_nat_'):
     """The egress variables parsed and checked as on Linux: (allow entries,
     deny entries, resolver addresses); raises CellNatError naming the variable."""
-    allow_entries = parse_egress_list(list(allow), label + 'egress_allow')
+    allow_entries = parse_egress_list(list(allow), label + 'egress_allow', allow=True)
     deny_entries = parse_egress_list(list(deny), label + 'egress_deny')
     check_allow_deny(allow_entries, deny_entries)
     resolvers = []
@@ -108,8 +113,13 @@ def anchor_rules(uids, allow=(), deny=(), dns_resolvers=(), label='cell_nat_'):
         rules += _entry_rules('block drop', entry, users)
     for resolver in resolvers:
         rules.append('pass out quick inet %s to %s port 53 %s keep state' % (both, resolver, users))
+    carve, general = split_allow(allow_entries)
+    for entry in carve:
+        rules += _entry_rules('pass', entry, users)
+    for net in special_purpose_nets():
+        rules.append('block drop out quick inet %s to %s %s' % (both, net, users))
     if allow_entries:
-        for entry in allow_entries:
+        for entry in general:
             rules += _entry_rules('pass', entry, users)
         rules.append('block drop out quick inet %s all %s' % (both, users))
     else:

@@ -61,12 +61,14 @@ def test_entry_shapes_render_as_set_elements():
         {"cidr": "203.0.114.0/24", "proto": "udp"},
     ])
     assert data["allow_mode"] is True
-    assert data["allow_nets"] == ["192.0.2.0/24"]
-    assert data["allow_ports"] == [
+    # the TEST-NETs are special-purpose ranges: these entries are carve-outs
+    assert data["carve_nets"] == ["192.0.2.0/24"]
+    assert data["carve_ports"] == [
         "198.51.100.0/24 . tcp . 443", "198.51.100.0/24 . tcp . 8000-8080",
         "203.0.113.0/24 . tcp . 53", "203.0.113.0/24 . udp . 53",
-        "203.0.114.0/24 . udp . 1-65535",
     ]
+    assert data["allow_nets"] == []
+    assert data["allow_ports"] == ["203.0.114.0/24 . udp . 1-65535"]
 
 
 @pytest.mark.parametrize("entry, message", [

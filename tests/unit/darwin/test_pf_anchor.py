@@ -23,19 +23,26 @@ HEAD = [
     "block drop out quick inet proto { tcp udp } to 127.0.0.0/8 %s",
     "block drop out quick inet proto { tcp udp } to 169.254.0.0/16 %s",
 ]
+# The private and special-purpose ranges (cell_nat.SPECIAL_PURPOSE, merged
+# where adjacent), blocked after DNS and the carve-outs, before the allow list.
+SPECIAL = ["block drop out quick inet proto { tcp udp } to %s %%s" % net for net in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24",
+    "203.0.113.0/24", "224.0.0.0/3")]
 
 VARIANTS = {
     "open egress, two slots": dict(
         slots=2, allow=[], deny=[], dns=[],
-        expected=[h % U2 for h in HEAD] + ["pass out quick inet proto { tcp udp } all %s keep state" % U2]),
+        expected=[h % U2 for h in HEAD] + [b % U2 for b in SPECIAL]
+        + ["pass out quick inet proto { tcp udp } all %s keep state" % U2]),
     "deny list and a resolver, one slot": dict(
         slots=1, allow=[], deny=[{"cidr": "10.0.0.0/8"}, {"cidr": "192.0.2.7", "proto": "udp", "ports": [161]}],
         dns=["192.0.2.53"],
         expected=[h % U1 for h in HEAD] + [
             "block drop out quick inet proto { tcp udp } to 10.0.0.0/8 %s" % U1,
             "block drop out quick inet proto udp to 192.0.2.7/32 port 161 %s" % U1,
-            "pass out quick inet proto { tcp udp } to 192.0.2.53 port 53 %s keep state" % U1,
-            "pass out quick inet proto { tcp udp } all %s keep state" % U1]),
+            "pass out quick inet proto { tcp udp } to 192.0.2.53 port 53 %s keep state" % U1]
+        + [b % U1 for b in SPECIAL] + ["pass out quick inet proto { tcp udp } all %s keep state" % U1]),
     "allow list with a carve-out, ports and a range": dict(
         slots=2,
         allow=[{"cidr": "203.0.113.0/24", "proto": "tcp", "ports": [443, "8000-8080"]}, "198.51.100.0/24"],
@@ -47,14 +54,14 @@ VARIANTS = {
             "pass out quick inet proto { tcp udp } to 192.0.2.54 port 53 %s keep state" % U2,
             "pass out quick inet proto tcp to 203.0.113.0/24 port 443 %s keep state" % U2,
             "pass out quick inet proto tcp to 203.0.113.0/24 port 8000:8080 %s keep state" % U2,
-            "pass out quick inet proto { tcp udp } to 198.51.100.0/24 %s keep state" % U2,
-            "block drop out quick inet proto { tcp udp } all %s" % U2]),
+            "pass out quick inet proto { tcp udp } to 198.51.100.0/24 %s keep state" % U2]
+        + [b % U2 for b in SPECIAL] + ["block drop out quick inet proto { tcp udp } all %s" % U2]),
     "allow list, both protocols on a port": dict(
         slots=1, allow=[{"cidr": "192.0.2.0/28", "ports": [22]}], deny=[], dns=[],
         expected=[h % U1 for h in HEAD] + [
             "pass out quick inet proto tcp to 192.0.2.0/28 port 22 %s keep state" % U1,
-            "pass out quick inet proto udp to 192.0.2.0/28 port 22 %s keep state" % U1,
-            "block drop out quick inet proto { tcp udp } all %s" % U1]),
+            "pass out quick inet proto udp to 192.0.2.0/28 port 22 %s keep state" % U1]
+        + [b % U1 for b in SPECIAL] + ["block drop out quick inet proto { tcp udp } all %s" % U1]),
 }
 
 # pf.conf grammar of the rules the anchor may hold (pass/block out quick, TCP/UDP, a user set)
@@ -68,8 +75,8 @@ UD = "user { 410 524288 589824 }"
 VARIANTS["a door's uid beside two slots, a deny list"] = dict(
     slots=2, allow=[], deny=[{"cidr": "10.0.2.101/32"}], dns=[], doors=["410\n"],
     expected=[h % UD for h in HEAD] + [
-        "block drop out quick inet proto { tcp udp } to 10.0.2.101/32 %s" % UD,
-        "pass out quick inet proto { tcp udp } all %s keep state" % UD])
+        "block drop out quick inet proto { tcp udp } to 10.0.2.101/32 %s" % UD]
+    + [b % UD for b in SPECIAL] + ["pass out quick inet proto { tcp udp } all %s keep state" % UD])
 
 
 def rendered(variant):

@@ -25,7 +25,15 @@ DEFAULTS = {
     "workspaces_dir": "/var/lib/chv-fleet/workspaces",
     "max_request_bytes": 65536,
     "read_timeout": 10.0,
+    # global backstop; chv-broker runs with at least (slots + 1) * max_connections_per_slot
+    # (wire.global_cap), so that every slot at its quota cannot starve another
     "max_connections": 16,
+    # door capacity of each slot (wire.SlotQuota, counted against the slot its peer check found):
+    # connections open (idle ones included, each ends after read_timeout) and requests being carried out
+    "max_connections_per_slot": 4,
+    "max_requests_per_slot": 2,
+    # the host's slot count (the role renders it from the slot identities); 0: unknown
+    "slots": 0,
     "sync": {
         "enabled": True,
         "commands": {
@@ -124,6 +132,12 @@ class Broker:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.ops = handlers(self, OPS)
+        self.connections = wire.SlotQuota("max_connections_per_slot", config["max_connections_per_slot"],
+                                          "connections open")
+        self.requests = wire.SlotQuota("max_requests_per_slot", config["max_requests_per_slot"],
+                                       "requests in flight")
+        self.max_connections = wire.global_cap(config["max_connections"], config["slots"],
+                                               config["max_connections_per_slot"])
 
     # -------------------------------------------------------------- operations
     def enabled(self, op):
@@ -233,17 +247,38 @@ class Broker:
         raise OpError("browser: %s" % reply.get("error", "failed"))
 
     # -------------------------------------------------------------- connections
-    def handle(self, conn):
+    def admit(self, conn):
+        """The accept loop's step (wire.serve_connections): the peer check, then one of its
+        slot's connections (wire.Hold, the cell record as data). Raises wire.Busy when the
+        slot has max_connections_per_slot open; a rejected peer's PeerRejected is returned
+        for handle to answer. Reads only kernel state and root-owned records: never waits
+        for the peer."""
+        try:
+            cell = self.peers.identify(conn)
+        except PeerRejected as exc:
+            return exc
+        except Exception as exc:  # never let one connection take the accept loop down
+            return PeerRejected("peer check failed: %s: %s" % (type(exc).__name__, exc))
+        return self.connections.acquire(cell["slot"], data=cell)
+
+    def handle(self, conn, admitted=None):
         t0 = time.monotonic()
         fields = {"slot": None, "op": None, "verdict": "error"}
         try:
             with conn:
-                try:
-                    cell = self.peers.identify(conn)
-                except PeerRejected as exc:
+                if admitted is None:  # called without the accept loop (tests): admit here
+                    try:
+                        admitted = self.admit(conn)
+                    except wire.Busy as exc:
+                        fields.update(self.busy_fields(exc))
+                        wire.send_quietly(conn, wire.err(exc))
+                        return
+                if isinstance(admitted, PeerRejected):
+                    exc = admitted
                     fields.update(verdict="rejected", reason=exc.reason, peer_pid=exc.pid, peer_uid=exc.uid)
                     wire.send_quietly(conn, wire.err("peer is not a process of a live chv cell"))
                     return
+                cell = admitted.data
                 fields["slot"] = cell["slot"]
                 try:
                     req = wire.parse_object(wire.read_line(conn, self.cfg["max_request_bytes"],
@@ -256,8 +291,12 @@ class Broker:
                 if isinstance(req.get("action"), str):
                     fields["action"] = req["action"][:64]
                 try:
-                    reply = wire.ok(self.dispatch(cell, req))
+                    with self.requests.acquire(cell["slot"]):
+                        reply = wire.ok(self.dispatch(cell, req))
                     fields["verdict"] = "ok"
+                except wire.Busy as exc:
+                    reply = wire.err(exc)
+                    fields.update(self.busy_fields(exc))
                 except OpError as exc:
                     reply = wire.err(exc)
                     fields.update(verdict="denied", reason=str(exc)[:300])
@@ -271,10 +310,19 @@ class Broker:
             fields["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
             audit(self.log, AUDIT_EVENT, **fields)
 
+    @staticmethod
+    def busy_fields(exc):
+        """Audit fields of a refusal for capacity (wire.Busy): the quota, its value, the slot."""
+        return {"slot": exc.slot, "verdict": "busy", "quota": exc.quota, "limit": exc.limit,
+                "reason": str(exc)[:300]}
+
     def serve(self, listener):
+        busy = ("busy: chv-broker serves at most %d connections at once (max_connections); retry later"
+                % self.max_connections)
         wire.serve_connections(
-            listener, self._stop, self.cfg["max_connections"], self.handle, "broker busy, retry later",
-            on_busy=lambda: audit(self.log, AUDIT_EVENT, slot=None, op=None, verdict="busy", duration_ms=0))
+            listener, self._stop, self.max_connections, self.handle, busy,
+            on_busy=lambda exc: audit(self.log, AUDIT_EVENT, op=None, duration_ms=0, **self.busy_fields(exc)),
+            admit=self.admit)
 
     def reap(self):
         """Tell chv-browser to drop contexts of slots whose cell is gone."""
@@ -325,6 +373,8 @@ def main(argv=None):
     signal.signal(signal.SIGINT, broker.stop)
     if cfg["browser"]["enabled"] and cfg["browser"]["reap_interval"] > 0:
         threading.Thread(target=broker.reap, daemon=True).start()
-    audit(sys.stderr, AUDIT_EVENT, verdict="started", slot=None, op=None, duration_ms=0)
+    audit(sys.stderr, AUDIT_EVENT, verdict="started", slot=None, op=None, duration_ms=0,
+          max_connections=broker.max_connections, max_connections_per_slot=cfg["max_connections_per_slot"],
+          max_requests_per_slot=cfg["max_requests_per_slot"])
     broker.serve(listener)
     return 0

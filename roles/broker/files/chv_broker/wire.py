@@ -96,12 +96,121 @@ def send_quietly(conn, obj, timeout=5):
         pass
 
 
-def serve_connections(listener, stop, max_connections, handle, busy_message, on_busy=None):
+class Busy(Exception):
+    """A connection or request refused for capacity; ``str()`` is the reply's error.
+
+    ``quota`` names the limit (a configuration key, e.g.
+    ``max_connections_per_slot``), ``slot`` the slot it was counted
+    against (None: the global cap), ``limit`` its value.
+    """
+
+    def __init__(self, message, quota, limit, slot=None):
+        super().__init__(message)
+        self.quota = quota
+        self.limit = limit
+        self.slot = slot
+
+
+class Hold:
+    """One unit of a slot's quota, given back once (``release()`` or the end of a ``with`` block)."""
+
+    def __init__(self, quota, slot, data=None):
+        self._quota = quota
+        self.slot = slot
+        self.data = data  # what the caller admitted (e.g. the peer's cell record)
+        self._released = False
+
+    def release(self):
+        if not self._released:
+            self._released = True
+            self._quota.release(self.slot)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class SlotQuota:
+    """What each slot holds of one resource (connections, requests in flight), at most ``limit`` each.
+
+    Keyed by the slot the caller decided (chv-broker: its peer check;
+    chv-browser: the slot chv-broker wrote into the request). ``acquire``
+    never waits: at the limit it raises Busy naming ``name`` and the slot,
+    so one slot's load is refused to that slot alone. Thread-safe.
+    """
+
+    def __init__(self, name, limit, what):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError("%s must be an integer of at least 1, not %r" % (name, limit))
+        self.name = name
+        self.limit = limit
+        self.what = what  # e.g. "connections open", for the message
+        self._held = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, slot, data=None):
+        with self._lock:
+            n = self._held.get(slot, 0)
+            if n >= self.limit:
+                raise Busy("busy: slot %s is at its quota of %d %s (%s); retry when one has ended"
+                           % (slot, self.limit, self.what, self.name), self.name, self.limit, slot)
+            self._held[slot] = n + 1
+        return Hold(self, slot, data)
+
+    def release(self, slot):
+        with self._lock:
+            n = self._held.get(slot, 0) - 1
+            if n > 0:
+                self._held[slot] = n
+            else:
+                self._held.pop(slot, None)
+
+    def held(self, slot):
+        with self._lock:
+            return self._held.get(slot, 0)
+
+    def total(self):
+        with self._lock:
+            return sum(self._held.values())
+
+
+def global_cap(configured, slots, per_slot):
+    """The global connection cap a door runs with: ``configured``, raised to
+    (slots + 1) * per_slot when that is more, so that every slot at its
+    quota at once still leaves room for one more slot's worth (connections
+    not yet counted against a slot: being read or refused). ``slots`` is the
+    host's slot count (0: unknown, no floor)."""
+    return max(int(configured), (int(slots) + 1) * int(per_slot) if slots else 0)
+
+
+def refuse(conn, message):
+    """Answer ``message`` as an error and close, without waiting for the peer (from the accept loop)."""
+    with conn:
+        try:
+            conn.setblocking(False)  # a fresh socket's buffer takes one short line; never wait for a reader
+            conn.sendall(encode(err(message)))
+        except OSError:
+            pass
+
+
+def serve_connections(listener, stop, max_connections, handle, busy_message, on_busy=None, admit=None):
     """Accept connections until ``stop`` is set, each handled in a thread of its own.
 
+    ``admit(conn)``, when given, runs in the accept loop before any thread
+    is started, and must not wait for the peer (chv-broker's peer check and
+    per-slot count read only kernel state and root-owned records). It
+    returns what ``handle(conn, admitted)`` gets (released with
+    ``admitted.release()`` after ``handle`` returns, when it has one), or
+    raises Busy: the connection gets Busy's message and is closed at once.
+    Without ``admit``, ``handle(conn)`` is called.
+
     At most ``max_connections`` run at once; one more gets ``busy_message``
-    as an error reply and is closed (``on_busy`` is then called, e.g. to
-    audit it). The 0.25 s accept timeout is how quickly ``stop`` is noticed.
+    and is closed. ``on_busy(exc)`` (a Busy) is called for every refused
+    connection, e.g. to audit it. Refusals are sent without blocking, so the
+    accept loop never waits for any peer. The 0.25 s accept timeout is how
+    quickly ``stop`` is noticed.
     """
     slots = threading.BoundedSemaphore(max_connections)
     listener.settimeout(0.25)
@@ -114,19 +223,39 @@ def serve_connections(listener, stop, max_connections, handle, busy_message, on_
             if stop.is_set():
                 break
             raise
-        if not slots.acquire(blocking=False):
-            with conn:
-                send_quietly(conn, err(busy_message))
+        admitted = None
+        try:
+            if admit is not None:
+                admitted = admit(conn)
+            if not slots.acquire(blocking=False):
+                raise Busy(busy_message, "max_connections", max_connections)
+        except Busy as exc:
+            if admitted is not None and hasattr(admitted, "release"):
+                admitted.release()
+            refuse(conn, str(exc))
             if on_busy:
-                on_busy()
+                on_busy(exc)
             continue
 
-        def run(c=conn):
+        def run(c=conn, a=admitted):
             try:
-                handle(c)
+                if admit is None:
+                    handle(c)
+                else:
+                    handle(c, a)
             finally:
+                if a is not None and hasattr(a, "release"):
+                    a.release()
                 slots.release()
-        threading.Thread(target=run, daemon=True).start()
+        try:
+            threading.Thread(target=run, daemon=True).start()
+        except RuntimeError:  # no thread to be had: refuse this one, keep accepting
+            if admitted is not None and hasattr(admitted, "release"):
+                admitted.release()
+            slots.release()
+            refuse(conn, busy_message)
+            if on_busy:
+                on_busy(Busy(busy_message, "max_connections", max_connections))
 
 
 def listener_from_env(environ):

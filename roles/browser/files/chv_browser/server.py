@@ -6,6 +6,17 @@ check; chv-browser trusts it because nobody else can connect).  Each
 connection is handled on a thread of its own (wire.serve_connections, at
 most max_connections at once).
 
+Door capacity: a slot has at most max_requests_per_slot requests in flight
+here (read, queued behind its own earlier ones, or running; wire.SlotQuota
+keyed by the request's slot). One more is answered at once with a "busy"
+error naming the quota and that slot, and logged (verdict "busy"), so a
+slot with slow pages fills its own quota, never another slot's room.
+Every connection here carries one request, so this is also the slot's
+connection count; a connection whose request has not arrived yet counts
+against the global cap only, and ends after read_timeout. The global cap
+is at least (slots + 1) * max_requests_per_slot (wire.global_cap).
+A close (the context's teardown) is never refused for capacity.
+
 Concurrency: one chromium, driven through Playwright's async API from one
 asyncio event loop that runs on a thread of its own ("playwright").  Every
 slot has its own browser context with one page, and its own asyncio.Lock:
@@ -90,7 +101,12 @@ DEFAULTS = {
     "viewport": {"width": 1280, "height": 800},
     "max_request_bytes": 65536,
     "read_timeout": 10.0,
+    # global backstop, raised to (slots + 1) * max_requests_per_slot (wire.global_cap)
     "max_connections": 8,
+    # requests of one slot in flight at once (read, queued or running); more get "busy"
+    "max_requests_per_slot": 2,
+    # the host's slot count (the role renders it from chv_browser_slots); 0: unknown
+    "slots": 0,
     "playwright_version": "",
 }
 LOG_EVENT = "chv-browser"
@@ -176,6 +192,8 @@ def _unlink_quietly(path):
         pass
 
 
+# requests never refused for capacity: a slot's teardown must always get through
+UNCOUNTED_ACTIONS = ("close",)
 # seconds a context.close() may take before it is given up on (logged); chromium is not waited for forever
 CLOSE_TIMEOUT = 10.0
 # how much longer than request_timeout a connection thread waits for the loop before giving up on it:
@@ -492,6 +510,10 @@ class Server:
         self._stop = threading.Event()
         self._busy = threading.Condition()
         self._inflight = 0  # connections being handled
+        per_slot = cfg.get("max_requests_per_slot", DEFAULTS["max_requests_per_slot"])
+        self.requests = wire.SlotQuota("max_requests_per_slot", per_slot, "requests in flight")
+        self.max_connections = wire.global_cap(cfg.get("max_connections", DEFAULTS["max_connections"]),
+                                               cfg.get("slots", 0), per_slot)
 
     def dispatch(self, req):
         slot = check_slot(req.get("slot"))
@@ -499,7 +521,10 @@ class Server:
         if not known(BROWSER_ACTIONS, action):
             raise Refused("action must be one of " + ", ".join(BROWSER_ACTIONS))
         args = [FIELD_CHECKS[field](req.get(field)) for field in BROWSER_ACTIONS[action]]
-        return self.engine.submit(self.actions[action], slot, *args)
+        if action in UNCOUNTED_ACTIONS:
+            return self.engine.submit(self.actions[action], slot, *args)
+        with self.requests.acquire(slot):  # wire.Busy at the slot's quota
+            return self.engine.submit(self.actions[action], slot, *args)
 
     def handle(self, conn):
         with self._busy:
@@ -529,6 +554,9 @@ class Server:
             except (wire.WireError, Refused) as exc:
                 reply = wire.err(exc)
                 fields.update(verdict="refused", reason=str(exc)[:300])
+            except wire.Busy as exc:
+                reply = wire.err(exc)
+                fields.update(verdict="busy", quota=exc.quota, limit=exc.limit, reason=str(exc)[:300])
             except (DeadlineExceeded, ShotNotSaved) as exc:
                 reply = wire.err(exc)
                 fields.update(verdict="error", reason=str(exc)[:300])
@@ -545,8 +573,11 @@ class Server:
         _log(**fields)
 
     def serve(self, listener):
-        wire.serve_connections(listener, self._stop, self.cfg["max_connections"], self.handle,
-                               "browser busy, retry later")
+        busy = ("busy: chv-browser serves at most %d connections at once (max_connections); retry later"
+                % self.max_connections)
+        wire.serve_connections(listener, self._stop, self.max_connections, self.handle, busy,
+                               on_busy=lambda exc: _log(verdict="busy", quota=exc.quota, limit=exc.limit,
+                                                        slot=exc.slot, duration_ms=0))
 
     def stop(self, *_):
         self._stop.set()
@@ -600,7 +631,8 @@ def main(argv=None):
     server = Server(cfg, engine)
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
-    _log(verdict="started", socket=cfg["socket"])
+    _log(verdict="started", socket=cfg["socket"], max_connections=server.max_connections,
+         max_requests_per_slot=server.requests.limit)
     try:
         server.serve(listener)
     finally:

@@ -14,6 +14,7 @@ import json
 import math
 import re
 
+from . import families as familiesmod
 from . import limits as limitsmod
 
 POLICY_VERSION = 1
@@ -132,12 +133,23 @@ DEFAULTS = {
     "require_limits": True,
     "allow_user_namespaces": False,
     "allow_shared_network": False,
+    # The socket families a cell may create (chv_cell/families.py): a list
+    # of AF_* names, or "any" for no filter.
+    "socket_families": list(familiesmod.DEFAULT_FAMILIES),
     "runtime_max": 0,
+    # chv-browser's socket: at the end of every run, before the slot's lock is
+    # released, the launcher has chv-browser destroy the slot's browser state
+    # (chv_cell/doors.py). The role renders the browser role's
+    # chv_browser_socket_path; "" tells no browser.
+    "browser_socket": "/run/chv-browser/browser.sock",
     # Slots whose cells are kept started, waiting for a payload
     # (chv-cell warm; docs/cells.md "Warm cells"): names of slots.
     "warm_slots": [],
+    # chv-cell read (chv_cell/slotfiles.py): the largest file it copies out of a slot
+    "read_max_bytes": 64 * 1024 * 1024,
     "slots": [],
 }
+READ_MAX_BYTES_LIMIT = 1 << 40  # read_max_bytes: at most 1 TiB
 
 SLOT_FIELDS = {
     "name": str,
@@ -559,6 +571,15 @@ def validate(obj):
     v = p["runtime_max"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= RUNTIME_MAX_LIMIT:
         errors.append("runtime_max: must be a number of seconds between 0 (no limit) and %d" % RUNTIME_MAX_LIMIT)
+
+    errors.extend(familiesmod.validate(p["socket_families"]))
+    bsock = p["browser_socket"]
+    if not isinstance(bsock, str) or (bsock and (not _is_abs_clean(bsock) or bsock == "/")):
+        errors.append("browser_socket: %r must be an absolute normalised path, or empty (no chv-browser)" % (bsock,))
+    v = p["read_max_bytes"]
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= READ_MAX_BYTES_LIMIT:
+        errors.append("read_max_bytes: must be a whole number of bytes between 1 and %d (role variable "
+                      "chv_cell_read_max_bytes)" % READ_MAX_BYTES_LIMIT)
 
     _check_agent(p, errors)
     if platform == "darwin":

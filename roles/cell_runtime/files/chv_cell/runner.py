@@ -631,9 +631,21 @@ class Launcher:
         return os.open(paths["gate"], os.O_RDWR | os.O_CLOEXEC)
 
     def spawn(self, argv, cgroup_dirs):
+        from . import families as familiesmod  # noqa: PLC0415 (spawn's own concern)
+
         parent = os.getpid()
         libc = self._libc
         procs_files = [os.path.join(d, "cgroup.procs") for d in cgroup_dirs]
+        # The socket family filter (policy socket_families) is built here and
+        # loaded in the child, last, just before it execs systemd-run or
+        # nspawn: inherited by them and by every process of the cell.  No
+        # filter, no cell (unless the policy says "any").
+        try:
+            family_filter = familiesmod.filter_for(self.policy["socket_families"])
+        except familiesmod.FilterUnavailable as exc:
+            raise SetupError(familiesmod.refusal(exc))
+        if family_filter is not None:
+            self.debug("%s allowed in the cell" % familiesmod.describe(self.policy["socket_families"]))
 
         def child_setup():
             # nspawn gets SIGTERM if the launcher dies in any way; nspawn
@@ -644,6 +656,12 @@ class Launcher:
             for f in procs_files:
                 with open(f, "w") as fh:
                     fh.write("%d\n" % os.getpid())
+            if family_filter is not None:
+                try:
+                    family_filter.load()
+                except BaseException as exc:  # noqa: B036 (say why, then never exec unfiltered)
+                    os.write(2, ("chv-cell: %s\n" % familiesmod.refusal(exc)).encode(errors="replace"))
+                    os._exit(EXIT_SETUP)
 
         return subprocess.Popen(
             argv,
@@ -899,6 +917,20 @@ class Launcher:
             if proc.poll() is not None:
                 return
 
+    def end_doors(self, slot):
+        """The cell has stopped and the slot's lock is still held: have
+        chv-browser destroy the slot's browser state before anyone can
+        claim the slot again (doors.py; warm cells end here too)."""
+        from . import doors  # noqa: PLC0415 (the end of a run only)
+
+        outcome, detail = doors.end_browser_slot(
+            self.policy.get("browser_socket", policymod.DEFAULTS["browser_socket"]), slot["name"])
+        if outcome == "failed":
+            log("slot %s: ERROR: chv-browser did not confirm the end of this run (%s): the slot's browser "
+                "context may outlive the run until chv-browser sees the next run's cell" % (slot["name"], detail))
+        else:
+            self.debug("slot %s: browser state: %s (%s)" % (slot["name"], outcome, detail))
+
     # -- what a warm launcher (warm.WarmCell) changes ------------------
     def cell_command(self, command):
         """What the cell's pid 2 execs once the gate opens: the payload."""
@@ -1095,5 +1127,6 @@ class Launcher:
                 log("slot %s: %s" % (slot["name"], exc))
                 rc = rc or EXIT_SETUP
             self._remove_runtime_files(slot)
+            self.end_doors(slot)
             self.debug("slot %s: done in %.3fs, exit %d" % (slot["name"], time.monotonic() - t0, rc))
         return rc

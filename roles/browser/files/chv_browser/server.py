@@ -73,12 +73,14 @@ import os
 import signal
 import socket
 import stat
+import struct
 import sys
 import threading
 import time
 
 from . import wire
-from .policy import FIELD_CHECKS, Refused, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed
+from .policy import (ADMIN_ACTIONS, FIELD_CHECKS, Refused, admin_peer_problem, admit_page, check_cell,
+                     check_pages_per_slot, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
 from .protocol import BROWSER_ACTIONS, audit, handlers, known
 
 DEFAULTS = {
@@ -108,6 +110,9 @@ DEFAULTS = {
     # the host's slot count (the role renders it from chv_browser_slots); 0: unknown
     "slots": 0,
     "playwright_version": "",
+    # pages a slot's context may have open at once, its own page included (popups beyond it are
+    # closed at once; every popup is closed when the request that let it open ends)
+    "pages_per_slot": 4,
 }
 LOG_EVENT = "chv-browser"
 
@@ -126,6 +131,10 @@ def config_problem(cfg):
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return "%s must be an integer of at least 1, not %s" % (key, json.dumps(value))
+    try:
+        check_pages_per_slot(cfg.get("pages_per_slot"))
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -227,7 +236,12 @@ class Engine:
         self._pw = None
         self._browser = None
         self._launching = None  # the Task launching chromium, shared by every request waiting for it
-        self.contexts = {}  # slot -> {"context", "page", "used"}
+        self.contexts = {}  # slot -> {"context", "page", "used", "cell", "pages", "popups_closed"}
+        # slot -> how many times a run of the slot was ended (end()): a request that arrived before
+        # the last end belongs to an ended run and is refused
+        self._epochs = {}
+        # slot -> {"cell", "epoch"} of the request that holds the slot's lock
+        self._turns = {}
         # slot -> asyncio.Lock, kept for every slot name seen (the host's cells, so few and small)
         self._locks = {}
         self._chores = set()  # background tasks (context closes), referenced until they finish
@@ -237,14 +251,16 @@ class Engine:
     def start(self):
         self.thread.start()
 
-    def submit(self, op, slot, *args):
+    def submit(self, op, slot, *args, cell=None):
         """Run ``op(slot, *args)`` on the loop, in turn with ``slot``'s other requests; return its result.
 
+        ``cell`` is the identity of the cell incarnation the request is for (policy.check_cell;
+        None: not given): a context of the slot made for another one is closed, never served.
         Raises DeadlineExceeded when no answer came within request_timeout.
         """
         timeout = float(self.cfg["request_timeout"])
         deadline = time.monotonic() + timeout
-        fut = asyncio.run_coroutine_threadsafe(self._request(op, slot, args, deadline), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self._request(op, slot, args, deadline, cell), self.loop)
         try:
             return fut.result(timeout=timeout + LOOP_GRACE)
         except concurrent.futures.CancelledError:
@@ -254,6 +270,18 @@ class Engine:
                 raise
             fut.cancel()
             raise DeadlineExceeded(self._deadline_message("the browser engine did not answer")) from None
+
+    def end(self, slot):
+        """The run of ``slot``'s cell has ended (chv-cell's launcher says so, before the slot can be
+        claimed again): close the slot's context (its pages, cookies, storage and cache) and remove
+        its screenshots, at once, without waiting behind the slot's requests (one still running
+        fails, one still queued is refused). Returns what was removed."""
+        fut = asyncio.run_coroutine_threadsafe(self._end(slot), self.loop)
+        try:
+            return fut.result(timeout=CLOSE_TIMEOUT + LOOP_GRACE)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise DeadlineExceeded("the browser engine did not end slot %s in time" % slot) from None
 
     def stop(self):
         """Close every context, chromium and the driver, then end the loop thread (at most ~40 s)."""
@@ -286,14 +314,24 @@ class Engine:
         return "deadline passed: no answer within request_timeout (%gs); %s" % (
             float(self.cfg["request_timeout"]), detail)
 
-    async def _request(self, op, slot, args, deadline):
+    async def _request(self, op, slot, args, deadline, cell=None):
         lock = self._locks.setdefault(slot, asyncio.Lock())
+        epoch = self._epochs.get(slot, 0)
         try:
             await asyncio.wait_for(lock.acquire(), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             raise DeadlineExceeded(self._deadline_message(
                 "this slot's previous request was still running")) from None
         try:
+            if self._epochs.get(slot, 0) != epoch:
+                raise Refused("the run of this slot's cell that sent this request has ended")
+            self._turns[slot] = {"cell": cell, "epoch": epoch}
+            entry = self.contexts.get(slot)
+            if entry is not None and entry.get("cell") != cell:
+                # made for another incarnation of the slot's cell (an earlier run whose end
+                # chv-browser was not told): never served to this one
+                await self._close_slot(slot, "stale-context")
+                _log(slot=slot, action="close", verdict="stale-context")
             # Playwright raises its own TimeoutError class (not the builtin one) and the
             # operations do nothing else that could, so a TimeoutError here is the deadline.
             return await asyncio.wait_for(op(slot, *args), max(0.0, deadline - time.monotonic()))
@@ -303,10 +341,14 @@ class Engine:
             raise DeadlineExceeded(self._deadline_message(
                 "this slot's page was closed, open it again")) from None
         finally:
-            entry = self.contexts.get(slot)
-            if entry is not None:
-                entry["used"] = time.monotonic()
-            lock.release()
+            try:
+                await self._close_popups(slot)
+            finally:
+                self._turns.pop(slot, None)
+                entry = self.contexts.get(slot)
+                if entry is not None:
+                    entry["used"] = time.monotonic()
+                lock.release()
 
     def _background(self, coro):
         task = self.loop.create_task(coro)
@@ -340,7 +382,7 @@ class Engine:
         finally:
             self._launching = None
 
-    async def _create_context(self):
+    async def _create_context(self, slot=None, cell=None):
         ctx = await (await self._ensure_browser()).new_context(
             accept_downloads=False, service_workers="block", viewport=self.cfg["viewport"])
         try:
@@ -350,7 +392,46 @@ class Engine:
         except BaseException:
             await self._close_context(ctx, None, "new_page failed")
             raise
-        return {"context": ctx, "page": page, "used": time.monotonic()}
+        entry = {"context": ctx, "page": page, "used": time.monotonic(), "cell": cell,
+                 "pages": {page}, "popups_closed": 0}
+        # registered once the slot's own page exists: every page after it is one the page opened
+        ctx.on("page", lambda new: self._on_page(slot, entry, new))
+        return entry
+
+    def _on_page(self, slot, entry, page):
+        """A page of ``slot``'s context opened another page (a popup, window.open, target=_blank):
+        keep it only while a request of the slot runs and the slot is below pages_per_slot
+        (policy.admit_page); else close it at once and count it against the slot."""
+        lock = self._locks.get(slot)
+        if self.contexts.get(slot) is entry and admit_page(
+                len(entry["pages"]), int(self.cfg["pages_per_slot"]), lock is not None and lock.locked()):
+            entry["pages"].add(page)
+            page.on("close", lambda closed: entry["pages"].discard(closed))
+            return
+        entry["popups_closed"] += 1
+        self._background(self._close_page(page, slot))
+
+    async def _close_page(self, page, slot):
+        try:
+            await asyncio.wait_for(page.close(), CLOSE_TIMEOUT)
+        except Exception as exc:  # the context or the browser may be gone already
+            _log(slot=slot, action="close-page", verdict="error", reason="%s: %s" % (
+                type(exc).__name__, (str(exc).splitlines() or [""])[0][:200]))
+
+    async def _close_popups(self, slot):
+        """The request that let the slot's pages open others ends: close every page of the slot
+        but its own (operations act on that one only), and log how many were closed or refused."""
+        entry = self.contexts.get(slot)
+        if entry is None or "pages" not in entry:
+            return
+        extra = [p for p in list(entry["pages"]) if p is not entry["page"]]
+        for page in extra:
+            entry["pages"].discard(page)
+            await self._close_page(page, slot)
+        refused, entry["popups_closed"] = entry["popups_closed"], 0
+        if extra or refused:
+            _log(slot=slot, action="close-popups", verdict="closed", popups=len(extra) + refused,
+                 over_cap=refused)
 
     def _close_orphan(self, task):
         if not task.cancelled() and task.exception() is None:
@@ -361,13 +442,18 @@ class Engine:
         if entry is None:
             if not create:
                 raise Refused("no page open for this slot; use open first")
+            turn = self._turns.get(slot) or {"cell": None, "epoch": self._epochs.get(slot, 0)}
             # shielded: a deadline mid-creation must not leave a context in chromium that nobody owns
-            task = self.loop.create_task(self._create_context())
+            task = self.loop.create_task(self._create_context(slot, turn["cell"]))
             try:
                 entry = await asyncio.shield(task)
             except asyncio.CancelledError:
                 task.add_done_callback(self._close_orphan)
                 raise
+            if self._epochs.get(slot, 0) != turn["epoch"]:
+                # the slot's run ended while its context was being made: it never serves
+                await self._close_context(entry["context"], slot, "ended")
+                raise Refused("the run of this slot's cell that sent this request has ended")
             self.contexts[slot] = entry
         entry["used"] = time.monotonic()
         return entry["page"]
@@ -379,11 +465,24 @@ class Engine:
             _log(slot=slot, action="close", verdict="error", reason="%s (%s: %s)" % (
                 why, type(exc).__name__, (str(exc).splitlines() or [""])[0][:200]))
 
-    async def _close_slot(self, slot):
+    async def _close_slot(self, slot, why="close"):
         entry = self.contexts.pop(slot, None)
         if entry is not None:
-            await self._close_context(entry["context"], slot, "close")
+            await self._close_context(entry["context"], slot, why)
         return entry is not None
+
+    async def _end(self, slot):
+        self._epochs[slot] = self._epochs.get(slot, 0) + 1
+        closed = await self._close_slot(slot, "end")
+        shots = 0
+        d = os.path.join(self.cfg["shots_dir"], slot)
+        try:
+            for name, dummy_size, dummy_mtime in list_shots(d):
+                _unlink_quietly(os.path.join(d, name))
+                shots += 1
+        except FileNotFoundError:
+            pass
+        return {"context_closed": closed, "shots_removed": shots}
 
     def _drop_slot(self, slot):
         """Forget the slot's context now (its next request gets a new one) and close it in the background."""
@@ -502,6 +601,12 @@ class Engine:
         return {"closed": await self._close_slot(slot)}
 
 
+def cell_of(req):
+    """Engine.submit's keyword for the cell incarnation a request names (policy.check_cell), if any."""
+    cell = check_cell(req.get("cell"))
+    return {} if cell is None else {"cell": cell}
+
+
 class Server:
     def __init__(self, cfg, engine):
         self.cfg = cfg
@@ -515,16 +620,36 @@ class Server:
         self.max_connections = wire.global_cap(cfg.get("max_connections", DEFAULTS["max_connections"]),
                                                cfg.get("slots", 0), per_slot)
 
-    def dispatch(self, req):
+    def dispatch(self, req, conn=None):
         slot = check_slot(req.get("slot"))
         action = req.get("action")
+        if known(ADMIN_ACTIONS, action):  # never refused for capacity: a run's end must get through
+            self.check_admin_peer(conn)
+            return self.engine.end(slot)
         if not known(BROWSER_ACTIONS, action):
             raise Refused("action must be one of " + ", ".join(BROWSER_ACTIONS))
         args = [FIELD_CHECKS[field](req.get(field)) for field in BROWSER_ACTIONS[action]]
         if action in UNCOUNTED_ACTIONS:
-            return self.engine.submit(self.actions[action], slot, *args)
+            return self.engine.submit(self.actions[action], slot, *args, **cell_of(req))
         with self.requests.acquire(slot):  # wire.Busy at the slot's quota
-            return self.engine.submit(self.actions[action], slot, *args)
+            return self.engine.submit(self.actions[action], slot, *args, **cell_of(req))
+
+    @staticmethod
+    def check_admin_peer(conn, uid_map_path="/proc/self/uid_map"):
+        """Refused unless the peer of ``conn`` is root of the guest's own user namespace
+        (policy.admin_peer_problem): chv-cell's launcher, never a cell, never a peer we cannot see."""
+        if conn is None:
+            raise Refused("end needs a connection whose peer can be checked")
+        try:
+            raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            dummy_pid, uid, dummy_gid = struct.unpack("3i", raw)
+            with open(uid_map_path, encoding="ascii") as fh:
+                uid_map = fh.read()
+        except (OSError, AttributeError) as exc:
+            raise Refused("cannot check the peer of end: %s" % exc) from None
+        problem = admin_peer_problem(uid, uid_map)
+        if problem:
+            raise Refused(problem)
 
     def handle(self, conn):
         with self._busy:
@@ -549,7 +674,7 @@ class Server:
                 req = wire.parse_object(wire.read_line(conn, self.cfg["max_request_bytes"], self.cfg["read_timeout"]))
                 fields["slot"] = req.get("slot") if isinstance(req.get("slot"), str) else None
                 fields["action"] = req.get("action") if isinstance(req.get("action"), str) else None
-                reply = wire.ok(self.dispatch(req))
+                reply = wire.ok(self.dispatch(req, conn))
                 fields["verdict"] = "ok"
             except (wire.WireError, Refused) as exc:
                 reply = wire.err(exc)

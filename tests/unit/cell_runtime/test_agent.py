@@ -48,9 +48,9 @@ def test_allowed_shapes(args, expected):
     "args, says",
     [
         ([], "no subcommand"),
-        (["argv", "--", "true"], "only run and status"),
-        (["validate-policy", "/x"], "only run and status"),
-        (["--policy", "/x", "run", "--", "true"], "only run and status"),
+        (["argv", "--", "true"], "only run, status and read"),
+        (["validate-policy", "/x"], "only run, status and read"),
+        (["--policy", "/x", "run", "--", "true"], "only run, status and read"),
         (["run", "--policy=/x", "--", "true"], "'--policy=/x' is not allowed"),
         (["run", "--policy", "/x", "--", "true"], "'--policy' is not allowed"),
         (["run", "--pol", "/x", "--", "true"], "'--pol' is not allowed"),
@@ -89,6 +89,20 @@ def oracle(args):
 
     if args == ["status"]:
         return True
+    if args and args[0] == "read":
+        rest = args[1:]
+        if len(rest) >= 2 and rest[0] == "--slot":
+            slot, rest = rest[1], rest[2:]
+        elif rest and rest[0].startswith("--slot="):
+            slot, rest = rest[0][len("--slot="):], rest[1:]
+        else:
+            return False
+        if rest[:1] == ["--"]:
+            rest = rest[1:]
+        elif rest[:1] and rest[0].startswith("-"):
+            return False
+        return (bool(re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", slot)) and len(rest) == 1
+                and 0 < len(rest[0]) <= 4096 and "\0" not in rest[0])
     if not args or args[0] != "run" or "--" not in args[1:]:
         return False
     sep = args.index("--", 1)
@@ -100,6 +114,7 @@ def oracle(args):
         "--slot": lambda v: re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", v),
         "--timeout": lambda v: re.fullmatch(num, v) and float(v) <= 86400,
         "--runtime-max": lambda v: re.fullmatch(num, v) and 0 < float(v) <= policymod.RUNTIME_MAX_LIMIT,
+        "--status-fd": lambda v: re.fullmatch(r"[0-9]{1,4}", v) and 3 <= int(v) <= 1023,
     }
     seen = set()
     i = 0
@@ -121,7 +136,8 @@ def oracle(args):
 
 TOKENS = ["run", "status", "argv", "validate-policy", "--", "-v", "--verbose", "--policy", "--policy=/x", "/x",
           "--shared-network", "--slot", "--slot=slot0", "slot0", "--timeout", "--timeout=1", "1", "0", "-1", "1e9",
-          "--runtime-max", "0.5", "-h", "--help", "--pol", "", "true", "sh", "-c", "--json", "x=y", "--slot=", "nan"]
+          "--runtime-max", "0.5", "-h", "--help", "--pol", "", "true", "sh", "-c", "--json", "x=y", "--slot=", "nan",
+          "read", "--status-fd", "--status-fd=3", "2", "3", "/workspace/r.txt", "-x"]
 
 
 def _accepted(args):
@@ -191,7 +207,7 @@ def _policy_file(tmp_path, raw_policy, **kw):
     "args, env, euid, says",
     [
         (["run", "--policy=/x", "--", "true"], SUDO_ENV, 0, "'--policy=/x' is not allowed"),
-        (["argv", "--", "true"], SUDO_ENV, 0, "only run and status"),
+        (["argv", "--", "true"], SUDO_ENV, 0, "only run, status and read"),
         (["run", "--", "true"], {}, 0, "started only by sudo"),
         (["run", "--", "true"], SUDO_ENV, 1000, "runs only as root"),
     ],

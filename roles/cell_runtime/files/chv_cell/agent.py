@@ -1,4 +1,4 @@
-"""The agent's way in: non-root `chv-cell run|status` through sudo.
+"""The agent's way in: non-root `chv-cell run|status|read` through sudo.
 
 Members of the agent group (role variable ``chv_cell_agent_group``) may run
 exactly one program as root, ``chv-cell-agent`` next to ``chv-cell``
@@ -7,8 +7,9 @@ it with ANY arguments.  So this module, not sudo, decides what a caller may
 ask for:
 
 - ``parse_agent_args`` (pure) accepts only ``run [--slot NAME] [--timeout S]
-  [--runtime-max S] [--shared-network] [-v] -- CMD...`` and ``status``; every
-  other argument list raises ``Refused`` (exit 78, nothing touched).
+  [--runtime-max S] [--status-fd N] [--shared-network] [-v] -- CMD...``,
+  ``status`` and ``read --slot NAME [--] PATH``; every other argument list
+  raises ``Refused`` (exit 78, nothing touched).
   ``--shared-network`` passes this filter but is refused afterwards unless
   the policy's ``allow_shared_network`` is true.  There is no ``--policy``:
   the agent always reads ``policy.DEFAULT_POLICY_PATH``.
@@ -16,11 +17,13 @@ ask for:
   and the caller's identity from sudo (``SUDO_UID``, ``SUDO_USER``): it is
   refused when run directly, even by root (root runs ``chv-cell``).
 - ``delegate`` is what the public ``chv-cell`` does for a non-root user
-  asking for ``run`` or ``status``: it refuses ``--policy`` and a
+  asking for ``run``, ``status`` or ``read``: it refuses ``--policy`` and a
   ``--shared-network`` the (world-readable) policy forbids, applies the same
   filter, checks with ``sudo -n -l`` that the user may run the agent, and
   then execs ``sudo -n <agent> <canonical args>``; stdin, stdout, stderr and
-  the exit status pass through sudo unchanged.
+  the exit status pass through sudo unchanged.  With ``--status-fd N`` it
+  execs ``sudo -n -C N+1 ...`` so that sudo keeps fd N open for the agent
+  (the sudoers drop-in allows that with ``closefrom_override``).
 """
 
 import collections
@@ -36,15 +39,21 @@ AGENT_NAME = "chv-cell-agent"
 SUDO = "/usr/bin/sudo"
 GROUP_VARIABLE = "chv_cell_agent_group"
 
-USAGE = ("usage: chv-cell run [--slot NAME] [--timeout SECONDS] [--runtime-max SECONDS] [-v] -- CMD... | "
-         "chv-cell status")
+USAGE = ("usage: chv-cell run [--slot NAME] [--timeout SECONDS] [--runtime-max SECONDS] [--status-fd N] [-v] "
+         "-- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH")
 
 _SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")  # as policy._SLOT_RE
 _SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
 TIMEOUT_MAX = 86400.0  # --timeout: at most a day of waiting for a slot
+_FD_RE = re.compile(r"^[0-9]{1,4}$")
+STATUS_FD_MAX = 1023  # --status-fd: 3 .. 1023
+READ_PATH_MAX = 4096  # read PATH: at most PATH_MAX characters
 
+# status_fd: run's --status-fd (None without); path: read's PATH.
 AgentRequest = collections.namedtuple(
-    "AgentRequest", ["action", "slot", "timeout", "runtime_max", "shared_network", "verbose", "command"]
+    "AgentRequest", ["action", "slot", "timeout", "runtime_max", "shared_network", "verbose", "command",
+                     "status_fd", "path"],
+    defaults=(None, None),
 )
 
 
@@ -66,22 +75,58 @@ def _seconds(option, value, lowest_exclusive):
     return v
 
 
-_VALUE_OPTIONS = ("--slot", "--timeout", "--runtime-max")
+_VALUE_OPTIONS = ("--slot", "--timeout", "--runtime-max", "--status-fd")
 _FLAG_OPTIONS = {"-v": "verbose", "--verbose": "verbose", "--shared-network": "shared_network"}
 
 
+def _parse_read(rest):
+    """``read`` OPTIONS: exactly ``--slot NAME`` (or ``--slot=NAME``), then
+    an optional ``--``, then one PATH (1 to 4096 characters; one that starts
+    with '-' only after ``--``)."""
+    slot = None
+    i = 0
+    while i < len(rest) and rest[i] != "--" and rest[i].startswith("-"):
+        name, eq, value = rest[i].partition("=")
+        if name != "--slot":
+            raise Refused("option %r is not allowed for read (allowed: --slot)" % rest[i])
+        if slot is not None:
+            raise Refused("--slot given twice")
+        if not eq:
+            if i + 1 >= len(rest):
+                raise Refused("--slot needs a value")
+            value = rest[i + 1]
+            i += 1
+        if not _SLOT_RE.match(value):
+            raise Refused("--slot %r is not a slot name" % value)
+        slot = value
+        i += 1
+    if slot is None:
+        raise Refused("read needs --slot NAME")
+    paths = rest[i:]
+    if paths[:1] == ["--"]:
+        paths = paths[1:]
+    if len(paths) != 1:
+        raise Refused("read needs exactly one PATH (got %d)" % len(paths))
+    path = paths[0]
+    if not path or len(path) > READ_PATH_MAX or "\0" in path:
+        raise Refused("read: PATH must be 1 to %d characters" % READ_PATH_MAX)
+    return AgentRequest("read", slot, None, None, False, False, [], None, path)
+
+
 def parse_agent_args(args):
-    """Accept exactly ``["status"]`` or ``["run", OPTIONS..., "--", CMD...]``.
+    """Accept exactly ``["status"]``, ``["read", "--slot", NAME, ("--",)
+    PATH]`` or ``["run", OPTIONS..., "--", CMD...]``.
 
     OPTIONS, each at most once, in any order: ``--slot NAME`` (NAME a slot
     name, [a-z0-9][a-z0-9_-]{0,31}), ``--timeout S`` (0 to 86400),
-    ``--runtime-max S`` (> 0, at most a year), each also as ``--opt=VALUE``;
-    the flags ``-v``/``--verbose`` and ``--shared-network``.  S is a plain
-    decimal number.  The ``--`` is required and CMD must be non-empty with a
-    non-empty first word; everything after the first ``--`` is the payload's
-    argv, taken verbatim.  No abbreviations, no other option (``--policy``
-    in particular), no other subcommand.  Returns an AgentRequest; raises
-    Refused naming the first offending argument.
+    ``--runtime-max S`` (> 0, at most a year), ``--status-fd N`` (3 to
+    1023), each also as ``--opt=VALUE``; the flags ``-v``/``--verbose`` and
+    ``--shared-network``.  S is a plain decimal number.  The ``--`` is
+    required and CMD must be non-empty with a non-empty first word;
+    everything after the first ``--`` is the payload's argv, taken verbatim.
+    No abbreviations, no other option (``--policy`` in particular), no other
+    subcommand.  Returns an AgentRequest; raises Refused naming the first
+    offending argument.
     """
     args = list(args)
     if not args:
@@ -91,8 +136,10 @@ def parse_agent_args(args):
         if rest:
             raise Refused("status takes no arguments (got %r)" % rest[0])
         return AgentRequest("status", None, None, None, False, False, [])
+    if action == "read":
+        return _parse_read(rest)
     if action != "run":
-        raise Refused("only run and status are allowed here, not %r" % action)
+        raise Refused("only run, status and read are allowed here, not %r" % action)
     if "--" not in rest:
         raise Refused("run needs '--' before the command")
     sep = rest.index("--")
@@ -110,8 +157,8 @@ def parse_agent_args(args):
             name, eq, value = tok.partition("=")
             if name not in _VALUE_OPTIONS:
                 if tok.startswith("-"):
-                    raise Refused("option %r is not allowed (allowed: --slot, --timeout, --runtime-max, -v, "
-                                  "--shared-network)" % tok)
+                    raise Refused("option %r is not allowed (allowed: --slot, --timeout, --runtime-max, --status-fd, "
+                                  "-v, --shared-network)" % tok)
                 raise Refused("unexpected argument %r before '--'" % tok)
             if not eq:
                 if i + 1 >= len(opts):
@@ -124,13 +171,18 @@ def parse_agent_args(args):
             if name == "--slot":
                 if not _SLOT_RE.match(value):
                     raise Refused("--slot %r is not a slot name" % value)
+            elif name == "--status-fd":
+                if not _FD_RE.match(value) or not 3 <= int(value) <= STATUS_FD_MAX:
+                    raise Refused("--status-fd %r must be a file descriptor number from 3 to %d (0-2 are the "
+                                  "payload's streams)" % (value, STATUS_FD_MAX))
+                value = int(value)
             else:
                 value = _seconds(name, value, lowest_exclusive=(name == "--runtime-max"))
         if key in got:
             raise Refused("%s given twice" % tok.partition("=")[0])
         got[key] = value
     return AgentRequest("run", got.get("slot"), got.get("timeout"), got.get("runtime_max"),
-                        bool(got.get("shared_network")), bool(got.get("verbose")), command)
+                        bool(got.get("shared_network")), bool(got.get("verbose")), command, got.get("status_fd"))
 
 
 def render_agent_args(req):
@@ -139,6 +191,8 @@ def render_agent_args(req):
     that parse_agent_args returned (seconds to 1e-9 otherwise)."""
     if req.action == "status":
         return ["status"]
+    if req.action == "read":
+        return ["read", "--slot", req.slot, "--", req.path]
     out = ["run"]
     if req.slot is not None:
         out += ["--slot", req.slot]
@@ -146,6 +200,8 @@ def render_agent_args(req):
         out += ["--timeout", _fmt(req.timeout)]
     if req.runtime_max is not None:
         out += ["--runtime-max", _fmt(req.runtime_max)]
+    if req.status_fd is not None:
+        out += ["--status-fd", str(req.status_fd)]
     if req.shared_network:
         out.append("--shared-network")
     if req.verbose:
@@ -187,7 +243,9 @@ def main(args=None, environ=None, euid=None):
     ``--shared-network`` check against ``allow_shared_network``; any refusal
     exits 78 with one ``chv-cell: ...`` line before a slot is claimed or a
     file written.  Then it runs like ``chv-cell run`` / ``chv-cell status``
-    (with ``-v`` the launcher names the caller)."""
+    / ``chv-cell read`` (with ``-v`` the launcher names the caller).  A
+    ``--status-fd`` that is not open for writing is refused (78); once it
+    is, every later refusal writes its verdict there too."""
     from . import cli, runner  # noqa: PLC0415 (cli imports this module)
 
     args = sys.argv[1:] if args is None else args
@@ -199,14 +257,21 @@ def main(args=None, environ=None, euid=None):
     except Refused as exc:
         runner.log("%s: %s; %s" % (AGENT_NAME, exc, USAGE))
         return EXIT_REFUSED
+    if req.status_fd is not None:
+        problem = runner.status_fd_problem(req.status_fd)
+        if problem:
+            runner.log("%s: %s" % (AGENT_NAME, problem))
+            return EXIT_REFUSED
     pol = cli.load_policy(policymod.DEFAULT_POLICY_PATH)
     if pol is None:
-        return EXIT_REFUSED
+        return cli.refuse_with_status(req.status_fd)
     if req.shared_network and not pol["allow_shared_network"]:
         runner.log(runner.SHARED_NETWORK_REFUSAL)
-        return EXIT_REFUSED
+        return cli.refuse_with_status(req.status_fd)
     if req.action == "status":
         return cli.print_status(pol)
+    if req.action == "read":
+        return cli.read_request(pol, req)
     return cli.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid))
 
 
@@ -243,19 +308,24 @@ def agent_path():
     return os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), AGENT_NAME)
 
 
-def sudo_argv(agent, agent_args, sudo=SUDO):
-    """The command a non-root ``chv-cell`` execs: ``sudo -n AGENT ARGS``."""
-    return [sudo, "-n", agent] + list(agent_args)
+def sudo_argv(agent, agent_args, sudo=SUDO, status_fd=None):
+    """The command a non-root ``chv-cell`` execs: ``sudo -n AGENT ARGS``;
+    with ``status_fd``, ``sudo -n -C STATUS_FD+1 AGENT ARGS``: sudo then
+    closes only the fds above it (the sudoers option closefrom_override
+    allows -C for the agent)."""
+    keep = ["-C", str(status_fd + 1)] if status_fd is not None else []
+    return [sudo, "-n"] + keep + [agent] + list(agent_args)
 
 
 def delegate(verbose, policy_given, action, rest, sudo=SUDO, agent=None, policy_path=None, execv=os.execv):
-    """Non-root ``chv-cell [-v] run|status ...``: refuse what the agent would
-    refuse (exit 78, one message, nothing started), then exec sudo.
+    """Non-root ``chv-cell [-v] run|status|read ...``: refuse what the agent
+    would refuse (exit 78, one message, nothing started), then exec sudo.
 
     ``--policy`` is refused (the agent reads only the installed policy);
     ``--shared-network`` is refused unless the installed policy (readable by
     everyone) allows it; a top-level ``-v`` moves after ``run`` (``status``
-    has no -v).  Before exec, ``sudo -n -l AGENT`` must succeed: otherwise
+    and ``read`` have none; a ``--status-fd`` must be open for writing here).
+    Before exec, ``sudo -n -l AGENT`` must succeed: otherwise
     the user is not allowed to run cells and the message says so (and names
     the agent group variable).  Returns an exit code only when refusing."""
     from . import runner  # noqa: PLC0415
@@ -273,6 +343,11 @@ def delegate(verbose, policy_given, action, rest, sudo=SUDO, agent=None, policy_
     except Refused as exc:
         runner.log("%s; %s" % (exc, USAGE))
         return EXIT_REFUSED
+    if req.status_fd is not None:
+        problem = runner.status_fd_problem(req.status_fd)
+        if problem:
+            runner.log("%s; %s" % (problem, USAGE))
+            return EXIT_REFUSED
     if req.shared_network:
         try:
             allowed = policymod.load(policy_path)["allow_shared_network"]
@@ -289,7 +364,7 @@ def delegate(verbose, policy_given, action, rest, sudo=SUDO, agent=None, policy_
         runner.log("user %s (uid %d) is not allowed to run cells: %s. Cells run through sudo for members of "
                    "the agent group (role variable %s)" % (user, os.getuid(), problem, GROUP_VARIABLE))
         return EXIT_REFUSED
-    execv(sudo, sudo_argv(agent, render_agent_args(req), sudo))
+    execv(sudo, sudo_argv(agent, render_agent_args(req), sudo, req.status_fd))
     return EXIT_REFUSED  # only reached with a test's execv
 
 

@@ -1,8 +1,8 @@
-"""Command line: chv-cell run | argv | validate-policy | status | health | audit.
+"""Command line: chv-cell run | read | argv | validate-policy | status | health | audit.
 
-As root everything runs here.  A non-root user asking for ``run`` or
-``status`` is handed to ``agent.delegate`` (sudo and the root-only
-``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
+As root everything runs here.  A non-root user asking for ``run``,
+``status`` or ``read`` is handed to ``agent.delegate`` (sudo and the
+root-only ``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
 world-readable policy and run as that user; ``health`` and ``audit`` are
 root's only (``audit --list`` prints the catalog for anyone)."""
 
@@ -78,7 +78,27 @@ def build_parser():
         help="stop the cell after S seconds (exit %d); may only lower the policy's runtime_max"
         % runner.EXIT_RUNTIME,
     )
+    r.add_argument(
+        "--status-fd",
+        type=int,
+        metavar="N",
+        help="write the launcher's verdict as one JSON line to file descriptor N (3 or more) when the run ends: "
+        "{verdict: ran|runtime|signal|setup|busy|config|unknown, exit, slot, payload_started, payload_exit}; "
+        "the payload never gets fd N (docs/executor.md)",
+    )
     r.add_argument("command", nargs=argparse.REMAINDER)
+
+    from . import slotfiles  # noqa: PLC0415
+
+    rd = sub.add_parser("read", allow_abbrev=False,
+                        help="print a regular file of a slot's workspace or home, never following a link "
+                        "(exit %d refused: a symlink on the way, not a regular file, not the slot's; %d no such "
+                        "file; %d larger than the policy's read_max_bytes; %d the request is refused)"
+                        % (slotfiles.EXIT_REFUSED, slotfiles.EXIT_MISSING, slotfiles.EXIT_TOO_BIG,
+                           slotfiles.EXIT_CONFIG))
+    rd.add_argument("--slot", required=True, help="the slot whose file it is")
+    rd.add_argument("path", help="a path in the slot's cell (/workspace/..., a workspace alias, the agent's home) "
+                    "or relative to its workspace")
 
     a = sub.add_parser("argv", allow_abbrev=False, help="print the systemd-nspawn command line without starting anything")
     a.add_argument("--slot", help="slot to show (default: the first)")
@@ -248,7 +268,7 @@ def fast_run(verbose, rest):
     except agentmod.Refused:
         return None
     pol = load_policy(policymod.DEFAULT_POLICY_PATH)
-    return runner.EXIT_CONFIG if pol is None else run_request(pol, req)
+    return refuse_with_status(req.status_fd) if pol is None else run_request(pol, req)
 
 
 def load_policy(path):
@@ -271,11 +291,47 @@ def launcher_for(pol, verbose=False, caller=None):
     return runner.Launcher(pol, verbose=verbose, caller=caller)
 
 
+def refuse_with_status(status_fd):
+    """A run refused before its launcher exists (policy unusable, a request
+    the policy forbids): the config verdict on ``status_fd`` (when given and
+    usable); EXIT_CONFIG."""
+    if status_fd is not None and runner.status_fd_problem(status_fd) is None:
+        runner.write_status(status_fd, runner.status_record(runner.EXIT_CONFIG, "config"))
+    return runner.EXIT_CONFIG
+
+
+def start_run(pol, command, slot, timeout, shared_network, runtime_max, status_fd, verbose=False, caller=None):
+    """A run with the launcher of the policy's platform; its exit code.
+    ``status_fd`` (None: none) must be open for writing; the launcher writes
+    its verdict there (runner.write_status).  macOS cells do not report
+    one yet: refused there (78)."""
+    if status_fd is not None:
+        problem = runner.status_fd_problem(status_fd)
+        if problem:
+            runner.log(problem)
+            return runner.EXIT_CONFIG
+        if pol["platform"] != "linux":
+            runner.log("--status-fd is not supported for %s cells yet" % pol["platform"])
+            return refuse_with_status(status_fd)
+    launcher = launcher_for(pol, verbose=verbose, caller=caller)
+    launcher.status_fd = status_fd
+    return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
+                        runtime_max=runtime_max)
+
+
 def run_request(pol, req, caller=None):
     """Run an agent.AgentRequest of action run; its exit code."""
-    launcher = launcher_for(pol, verbose=req.verbose, caller=caller)
-    return launcher.run(req.command, slot_name=req.slot, timeout=req.timeout, shared_network=req.shared_network,
-                        runtime_max=req.runtime_max)
+    return start_run(pol, req.command, req.slot, req.timeout, req.shared_network, req.runtime_max, req.status_fd,
+                     verbose=req.verbose, caller=caller)
+
+
+def read_request(pol, req):
+    """``chv-cell read`` (an agent.AgentRequest of action read): the slot's
+    file on stdout (chv_cell/slotfiles.py); its exit code."""
+    from . import slotfiles  # noqa: PLC0415
+
+    sys.stdout.flush()
+    return slotfiles.read_file(pol, req.slot, req.path, out_fd=1, log=runner.log)
 
 
 def _asks_for_help(rest):
@@ -293,7 +349,7 @@ def main(args=None, euid=None):
     euid = os.geteuid() if euid is None else euid
     top = agentmod.split_top(args)
     if euid != 0:
-        if top is not None and top[2] in ("run", "status") and not _asks_for_help(top[3]):
+        if top is not None and top[2] in ("run", "status", "read") and not _asks_for_help(top[3]):
             return agentmod.delegate(*top)
     elif top is not None and top[2] == "run" and not top[1] and not _asks_for_help(top[3]):
         rc = fast_run(top[0], top[3])
@@ -301,7 +357,7 @@ def main(args=None, euid=None):
             return rc
     ap = build_parser()
     ns = ap.parse_args(args)
-    if euid != 0 and ns.action in ("run", "status"):
+    if euid != 0 and ns.action in ("run", "status", "read"):
         runner.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
         return runner.EXIT_CONFIG
     if ns.action == "audit" and ns.list:
@@ -328,7 +384,7 @@ def main(args=None, euid=None):
 
     pol = load_policy(ns.policy)
     if pol is None:
-        return runner.EXIT_CONFIG
+        return refuse_with_status(getattr(ns, "status_fd", None))
 
     if ns.action == "argv":
         import shlex  # noqa: PLC0415
@@ -358,6 +414,8 @@ def main(args=None, euid=None):
 
     if ns.action == "status":
         return print_status(pol)
+    if ns.action == "read":
+        return read_request(pol, agentmod.AgentRequest("read", ns.slot, None, None, False, False, [], None, ns.path))
 
     if ns.action == "health":
         return health(ns)
@@ -379,6 +437,5 @@ def main(args=None, euid=None):
             return runner.EXIT_CONFIG
 
     cmd = _command(ns, ap)
-    launcher = launcher_for(pol, verbose=ns.verbose or ns.run_verbose)
-    return launcher.run(cmd, slot_name=ns.slot, timeout=ns.timeout, shared_network=ns.shared_network,
-                        runtime_max=ns.runtime_max)
+    return start_run(pol, cmd, ns.slot, ns.timeout, ns.shared_network, ns.runtime_max, ns.status_fd,
+                     verbose=ns.verbose or ns.run_verbose)

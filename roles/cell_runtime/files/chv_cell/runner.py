@@ -36,6 +36,7 @@ CLONE_NEWNS = 0x00020000
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 TOOL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "LC_ALL": "C"}
 
+SLOT_DIR_MODE = 0o700  # a slot's workspace and agent state directory (its cell root's uid and gid)
 PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
 INACCESSIBLE_DIR = "/run/systemd/inaccessible"
 _PR_SET_PDEATHSIG = 1
@@ -414,6 +415,28 @@ def _ensure_dir(path, mode, uid=None):
         raise SetupError("%s exists and is not a directory" % path)
 
 
+def _ensure_slot_dir(path, uid):
+    """A slot's workspace or agent state directory: created where missing,
+    and always left owned by the slot's cell root, uid and gid ``uid`` (no
+    group shared between slots or with the agent user), mode 0700.  One that
+    exists with another owner, group or mode (the setgid agent group of
+    older releases, or a cell's chmod) is corrected through its fd, opened
+    O_NOFOLLOW|O_DIRECTORY (its name lies in a root-owned directory)."""
+    _ensure_dir(path, SLOT_DIR_MODE, uid=uid)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SetupError("cannot open the slot directory %s: %s" % (path, exc.strerror))
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (uid, uid):
+            os.fchown(fd, uid, uid)
+        if stat.S_IMODE(st.st_mode) != SLOT_DIR_MODE:
+            os.fchmod(fd, SLOT_DIR_MODE)
+    finally:
+        os.close(fd)
+
+
 def _ensure_dir_beneath(base, parts, mode, uid):
     """Create the directory base/parts[0]/parts[1]/... where missing, each new
     one owned by ``uid`` with ``mode``, never following a symlink: ``base``
@@ -469,6 +492,77 @@ def _writable_proc_sys(libc, path="/proc/sys"):
             raise OSError(e, "%s: %s" % (what, os.strerror(e)))
 
 
+# ---------------------------------------------------------------- the verdict channel
+# `chv-cell run --status-fd N`: one JSON line on fd N, which only the caller
+# holds (the launcher makes it close-on-exec and starts nspawn with
+# close_fds; a warm cell gets only fds 0-2), so the payload cannot write it.
+VERDICTS = ("ran", "runtime", "signal", "setup", "busy", "config", "unknown")
+
+
+def status_record(rc, stage, slot=None, payload_started=False, payload_exit=None):
+    """The verdict of a run that ended with ``rc`` (pure).
+
+    ``stage``: how far the run got: "config" (refused before anything was
+    claimed), "setup" (failed before a slot was held), "busy", "signal"
+    (stopped while waiting for a slot), "claimed" (a cold cell in ``slot``)
+    or "warm" (a warm cell took it; its launcher does not report the
+    payload's end, so the verdict is "unknown").  For "claimed": "ran" when
+    the payload ended by itself and ``rc`` is its exit code; "runtime" when
+    runtime_max stopped it; "signal" when a signal or a hang-up stopped the
+    run; "setup" otherwise (the payload did not start, or the cell's
+    teardown failed after it: ``payload_exit`` still says how it ended)."""
+    if stage == "claimed":
+        if payload_exit is not None and rc == payload_exit:
+            verdict = "ran"
+        elif payload_started and payload_exit is None and rc == EXIT_RUNTIME:
+            verdict = "runtime"
+        elif payload_exit is None and rc > 128:
+            verdict = "signal"
+        else:
+            verdict = "setup"
+    elif stage == "warm":
+        verdict = "unknown"
+    elif stage in ("config", "setup", "busy", "signal"):
+        verdict = stage
+    else:
+        raise ValueError("unknown stage %r" % (stage,))
+    return {"verdict": verdict, "exit": rc, "slot": slot, "payload_started": bool(payload_started),
+            "payload_exit": payload_exit}
+
+
+def status_fd_problem(fd):
+    """None when ``fd`` can carry the verdict: a number above 2 (0-2 are the
+    payload's streams) open for writing.  Otherwise what is wrong with it."""
+    import fcntl  # noqa: PLC0415
+
+    if isinstance(fd, bool) or not isinstance(fd, int) or fd < 3:
+        return "--status-fd %r: must be a file descriptor number of 3 or more (0-2 are the payload's streams)" % (fd,)
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return "--status-fd %d: that file descriptor is not open (through sudo it needs the sudoers option " \
+               "closefrom_override and sudo -C, which chv-cell does itself)" % fd
+    if flags & os.O_ACCMODE not in (os.O_WRONLY, os.O_RDWR):
+        return "--status-fd %d: that file descriptor is not open for writing" % fd
+    return None
+
+
+def write_status(fd, record):
+    """Write ``record`` as one JSON line to ``fd`` and close it; a reader
+    that went away is ignored (the exit code still reaches the caller)."""
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:
+        log("cannot write the verdict to --status-fd %d: %s" % (fd, exc.strerror))
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 # ---------------------------------------------------------------- launcher
 class Launcher:
     """One ``chv-cell run``.  ``caller`` (text, e.g. ``chv (uid 1000) through
@@ -494,6 +588,13 @@ class Launcher:
         self.spawn_stdin = None
         self.wait_fds = []
         self.record_extra = {}
+        # The verdict channel (write_status): the fd given with
+        # --status-fd, and what the run learnt about its payload.
+        self.status_fd = None
+        self.stage = None
+        self.claimed_slot = None
+        self.payload_started = False
+        self.payload_exit = None
 
     def debug(self, msg):
         if self.verbose:
@@ -614,8 +715,8 @@ class Launcher:
         _ensure_dir(state, 0o700)
         for sub in ("locks", "cells", "net", "gate"):
             _ensure_dir(os.path.join(state, sub), 0o700)
-        _ensure_dir(paths["workspace"], 0o700, uid=slot["uid_base"])
-        _ensure_dir(paths["agent_state"], 0o700, uid=slot["uid_base"])
+        _ensure_slot_dir(paths["workspace"], slot["uid_base"])
+        _ensure_slot_dir(paths["agent_state"], slot["uid_base"])
         for parts in argvmod.alias_mountpoints(p):
             _ensure_dir_beneath(paths["agent_state"], parts, 0o755, slot["uid_base"])
         if not shared_network:
@@ -949,6 +1050,19 @@ class Launcher:
 
     # -- the whole run --------------------------------------------------
     def run(self, command, slot_name=None, timeout=None, shared_network=False, runtime_max=None):
+        """One run; its exit code.  With ``status_fd`` set, the launcher's
+        verdict is written there as one JSON line (write_status) once the
+        cell is gone and the slot released."""
+        self.stage, self.claimed_slot, self.payload_started, self.payload_exit = "config", None, False, None
+        if self.status_fd is not None:
+            os.set_inheritable(self.status_fd, False)  # never in nspawn, the cell or any helper
+        rc = self._run(command, slot_name, timeout, shared_network, runtime_max)
+        if self.status_fd is not None:
+            write_status(self.status_fd, status_record(rc, self.stage, self.claimed_slot, self.payload_started,
+                                                       self.payload_exit))
+        return rc
+
+    def _run(self, command, slot_name, timeout, shared_network, runtime_max):
         p = self.policy
         if shared_network and not p["allow_shared_network"]:
             log(SHARED_NETWORK_REFUSAL)
@@ -960,6 +1074,7 @@ class Launcher:
             return EXIT_CONFIG
         if os.geteuid() != 0:
             log("run must be started as root (it starts systemd-nspawn)")
+            self.stage = "setup"
             return EXIT_SETUP
         if slot_name is not None:
             slots = [s for s in p["slots"] if s["name"] == slot_name]
@@ -974,6 +1089,7 @@ class Launcher:
         if self.caller:
             self.debug("run requested by %s" % self.caller)
         self.install_signals()
+        self.stage = "setup"
         try:
             try:
                 locks = [(s["name"], argvmod.cell_paths(p, s)["lock"]) for s in slots]
@@ -982,15 +1098,19 @@ class Launcher:
                 claimed = self._claim(locks, warm, wait, command, runtime_max, t0)
             except claimmod.SlotBusy:
                 log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(n for n, dummy in locks), wait))
+                self.stage = "busy"
                 return EXIT_BUSY
             except Interrupted as exc:
                 if exc.reason:
                     log("%s; giving up waiting for a slot (exit %d, as on SIGHUP)" % (exc.reason, 128 + exc.signum))
+                self.stage = "signal"
                 return 128 + exc.signum
             if isinstance(claimed, int):
+                self.stage = "warm"
                 return claimed  # a warm cell ran the payload
             name, held = claimed
             slot = next(s for s in slots if s["name"] == name)
+            self.stage, self.claimed_slot = "claimed", name
             try:
                 return self._run_claimed(slot, scope, command, shared_network, t0, runtime_max)
             finally:
@@ -1083,6 +1203,7 @@ class Launcher:
                     % slot["name"])
             os.write(gate_fd, b"go\n")
             gate_open = True
+            self.payload_started = True
             runtime_max = self.after_gate(slot, proc, pidfd, runtime_max)
             released = time.monotonic()
             self.debug("slot %s: payload released %.3fs after start" % (slot["name"], released - t0))
@@ -1095,6 +1216,7 @@ class Launcher:
                 else:
                     self.on_ready(self.sleep(3600, [pidfd] + self.wait_fds))
             rc = proc.returncode
+            self.payload_exit = rc
         except Interrupted as exc:
             if exc.reason:
                 log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)"

@@ -229,3 +229,239 @@ def inproc(env):
     b = InProcess(env)
     yield b
     b.close()
+
+
+# ------------------------------------------------------------------ slots with their own uids (issue 29)
+_SLOT_CALL = (
+    "import socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(float(sys.argv[2]))\n"
+    "s.connect(sys.argv[1]); s.sendall(sys.stdin.buffer.read())\n"
+    "buf = b''\n"
+    "while not buf.endswith(b'\\n'):\n"
+    "    chunk = s.recv(65536)\n"
+    "    if not chunk: break\n"
+    "    buf += chunk\n"
+    "sys.stdout.buffer.write(buf)\n")
+
+
+class SlotInProcess(InProcess):
+    """InProcess for a real slot: a record with the slot's own uid range (uid_base > 0,
+    as the launcher writes it), and every request sent by a process running as
+    ``peer_uid`` (default: the slot's uid_base, the cell's root) in the test's pid
+    namespace, so the peer check passes as it does for a cell's process. What the sync
+    door derives from the slot (the worker's uid and gid) is then what production uses.
+    """
+
+    def __init__(self, env, slot="slot0", uid_base=CELL_UID, uid_size=CELL_UID_SIZE, peer_uid=None):
+        super().__init__(env, uid_base, uid_size)
+        if slot != "slot0":
+            os.rename(os.path.join(env["cells"], "slot0.json"), os.path.join(env["cells"], slot + ".json"))
+            with open(os.path.join(env["cells"], slot + ".json")) as fh:
+                rec = json.load(fh)
+            rec["slot"] = slot
+            with open(os.path.join(env["cells"], slot + ".json"), "w") as fh:
+                json.dump(rec, fh)
+        self.peer_uid = uid_base if peer_uid is None else peer_uid
+
+    def raw(self, data, timeout=60):
+        proc = subprocess.run([SYNC_PYTHON, "-I", "-c", _SLOT_CALL, self.env["sock"], str(timeout)], input=data,
+                              capture_output=True, timeout=timeout + 5, user=self.peer_uid, group=self.peer_uid,
+                              extra_groups=[], check=False)
+        assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
+        return wire.parse_object(proc.stdout.rstrip(b"\n"))
+
+
+@pytest.fixture
+def slot_inproc(env):
+    """chv-broker in-process, its peer a process of slot0 (uid_base CELL_UID) as a cell's would be."""
+    b = SlotInProcess(env)
+    yield b
+    b.close()
+
+
+# ------------------------------------------------------------------ door fairness (issue 29)
+# A second slot's uid range, apart from CELL_UID's: peers of two slots differ by uid and pid namespace.
+OTHER_UID = 300000
+
+# Driven by JSON lines on stdin, one JSON answer line each, from inside a cell (DoorClient):
+#   {"cmd": "idle", "n": N}          open N connections and send nothing (held idle)
+#   {"cmd": "send", "req": R}        open a connection, send R, keep it (its reply is read by "state")
+#   {"cmd": "call", "req": R, "n": N} N times: connect, send R, read the reply; the replies and
+#                                    each call's milliseconds (connect to reply)
+#   {"cmd": "state"}                 each held connection: "open" (nothing came yet), its reply, or "closed"
+#   {"cmd": "close"}                 close every held connection
+_DOOR_CLIENT = r'''
+import json, select, socket, sys, time
+path, held = sys.argv[1], []
+def connect():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return s
+def line(s, timeout):
+    s.settimeout(timeout)
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(1 << 20)
+        if not chunk:
+            break
+        buf += chunk
+    return json.loads(buf) if buf.endswith(b"\n") else "closed"
+def state(s):
+    if s.fileno() < 0:
+        return "closed"
+    if not select.select([s], [], [], 0)[0]:
+        return "open"
+    return line(s, 5)
+for cmd in map(json.loads, sys.stdin):
+    if cmd["cmd"] == "idle":
+        held += [connect() for _ in range(cmd["n"])]
+        out = {"held": len(held)}
+    elif cmd["cmd"] == "send":
+        s = connect()
+        s.sendall(json.dumps(cmd["req"]).encode() + b"\n")
+        held.append(s)
+        out = {"held": len(held)}
+    elif cmd["cmd"] == "call":
+        replies, ms = [], []
+        for _ in range(cmd.get("n", 1)):
+            t0 = time.monotonic()
+            with connect() as s:
+                s.sendall(json.dumps(cmd["req"]).encode() + b"\n")
+                replies.append(line(s, 120))
+            ms.append((time.monotonic() - t0) * 1000)
+        out = {"replies": replies, "ms": ms}
+    elif cmd["cmd"] == "state":
+        states = [state(s) for s in held]
+        for s, st in zip(held, states):
+            if st != "open":
+                s.close()
+        out = {"states": states}
+    elif cmd["cmd"] == "close":
+        for s in held:
+            s.close()
+        out = {"closed": len(held)}
+        held = []
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+'''
+
+
+class DoorClient:
+    """A process of ``cell`` running as ``uid`` that holds connections to the Unix socket
+    ``sock`` open and sends requests on command, as a tenant's cell would (see _DOOR_CLIENT)."""
+
+    def __init__(self, cell, uid, sock):
+        argv = ["nsenter", "-t", str(cell.pid), "--pid", "--", "setpriv", "--reuid=%d" % uid,
+                "--regid=%d" % uid, "--clear-groups", "--", SYNC_PYTHON, "-I", "-c", _DOOR_CLIENT, sock]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def _do(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
+        assert out, "the door client in the cell died (exit %s)" % self.proc.poll()
+        return json.loads(out)
+
+    def idle(self, n):
+        return self._do(cmd="idle", n=n)
+
+    def send(self, req):
+        return self._do(cmd="send", req=req)
+
+    def call(self, req, n=1):
+        """(replies, milliseconds of each call)."""
+        out = self._do(cmd="call", req=req, n=n)
+        return out["replies"], out["ms"]
+
+    def state(self):
+        return self._do(cmd="state")["states"]
+
+    def close_all(self):
+        return self._do(cmd="close")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def busy_for(reply, quota, slot):
+    """Whether ``reply`` is a door's "busy" refusal naming ``quota`` for ``slot``."""
+    return (isinstance(reply, dict) and reply.get("ok") is False and reply["error"].startswith("busy: ")
+            and "(%s)" % quota in reply["error"] and "slot %s " % slot in reply["error"])
+
+
+def write_config(env, **over):
+    """Rewrite the broker configuration of ``env`` with top-level keys ``over`` (sections merged)."""
+    with open(env["config"]) as fh:
+        cfg = json.load(fh)
+    for key, value in over.items():
+        cfg[key] = dict(cfg.get(key, {}), **value) if isinstance(value, dict) else value
+    with open(env["config"], "w") as fh:
+        json.dump(cfg, fh)
+    return cfg
+
+
+class StubBrowser:
+    """A stand-in for chv-browser's socket: answers every request at once, except those of
+    ``hold_slot``, which it holds (unanswered) until release(). ``seen(slot)`` counts the
+    requests of a slot that reached it, ``arrived`` is set at each one."""
+
+    def __init__(self, path, hold_slot):
+        self.hold_slot = hold_slot
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.listener.settimeout(0.2)
+        self.released = threading.Event()
+        self.arrived = threading.Condition()
+        self.requests = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                conn, dummy = self.listener.accept()
+            except socket.timeout:
+                continue
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        with conn:
+            try:
+                req = wire.parse_object(wire.read_line(conn, 65536, 30))
+            except wire.WireError:
+                return
+            with self.arrived:
+                self.requests.append(req)
+                self.arrived.notify_all()
+            if req.get("slot") == self.hold_slot:
+                self.released.wait(300)
+            wire.send_quietly(conn, wire.ok({"title": "stub", "url": req.get("url"), "slot": req.get("slot")}))
+
+    def seen(self, slot):
+        with self.arrived:
+            return sum(1 for r in self.requests if r.get("slot") == slot)
+
+    def wait_seen(self, slot, n, timeout=60):
+        with self.arrived:
+            return self.arrived.wait_for(lambda: sum(1 for r in self.requests if r.get("slot") == slot) >= n,
+                                         timeout)
+
+    def close(self):
+        self.released.set()
+        self._stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def median_ms(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2

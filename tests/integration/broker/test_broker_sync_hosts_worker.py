@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from broker_helpers import CELL_UID, needs_root
+from broker_helpers import CELL_UID, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
 
 
 def _git(cwd, *args):
@@ -34,65 +34,65 @@ ALLOWED = "https://bot:tok3n@127.0.0.1:9/x.git"
 
 
 @needs_root
-def test_pull_to_an_unlisted_host_is_refused_before_git_runs(repo, inproc):
+def test_pull_to_an_unlisted_host_is_refused_before_git_runs(repo, slot_inproc):
     _git(repo, "remote", "add", "origin", "https://bot:tok3n@evil.example/x.git")
-    inproc.cfg["sync"]["hosts"] = ["127.0.0.1", "git.example.org"]
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    slot_inproc.cfg["sync"]["hosts"] = ["127.0.0.1", "git.example.org"]
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep == {"ok": False, "error": "sync rejected: remote 'origin' (https://evil.example/x.git): "
                                          "host evil.example port 443 is not in chv_broker_sync_hosts"}, rep
     # status talks to no remote: not refused
-    assert inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
+    assert slot_inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
     # control: a listed host -- git runs (and fails to connect to the closed port)
     _git(repo, "remote", "set-url", "origin", ALLOWED)
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is True and rep["result"]["returncode"] != 0, rep
     assert "127.0.0.1" in rep["result"]["stderr"] and "tok3n" not in json.dumps(rep)
     # and no host list: the unlisted host is git's (and the kernel's) business again
     _git(repo, "remote", "set-url", "origin", "https://evil.invalid/x.git")
-    inproc.cfg["sync"]["hosts"] = []
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    slot_inproc.cfg["sync"]["hosts"] = []
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is True and rep["result"]["returncode"] != 0, rep
-    with open(os.path.join(inproc.env["root"], "inproc.log")) as fh:
+    with open(os.path.join(slot_inproc.env["root"], "inproc.log")) as fh:
         assert "tok3n" not in fh.read()
 
 
 @needs_root
-def test_push_checks_the_pushurl_and_the_push_remote(repo, inproc):
-    inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
+def test_push_checks_the_pushurl_and_the_push_remote(repo, slot_inproc):
+    slot_inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
     _git(repo, "remote", "add", "origin", ALLOWED)
     _git(repo, "config", "remote.origin.pushurl", "ssh://git@evil.example/x.git")
-    rep = inproc.call({"op": "sync", "action": "push", "repo": "repo"})
+    rep = slot_inproc.call({"op": "sync", "action": "push", "repo": "repo"})
     assert rep["ok"] is False and "remote 'origin' (ssh://evil.example/x.git)" in rep["error"], rep
-    assert inproc.call({"op": "sync", "action": "pull", "repo": "repo"})["ok"] is True  # fetch uses url
+    assert slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})["ok"] is True  # fetch uses url
     _git(repo, "config", "--unset", "remote.origin.pushurl")
-    rep = inproc.call({"op": "sync", "action": "push", "repo": "repo"})
+    rep = slot_inproc.call({"op": "sync", "action": "push", "repo": "repo"})
     assert rep["ok"] is True and rep["result"]["returncode"] != 0, rep  # control: git ran
     # branch.main.pushRemote names another remote (scp-like, unlisted)
     _git(repo, "remote", "add", "other", "git@evil.example:x.git")
     _git(repo, "config", "branch.main.pushRemote", "other")
-    rep = inproc.call({"op": "sync", "action": "push", "repo": "repo"})
+    rep = slot_inproc.call({"op": "sync", "action": "push", "repo": "repo"})
     assert rep["ok"] is False and "remote 'other' (evil.example:x.git)" in rep["error"], rep
     # branch.main.remote as a URL (git uses the name as the URL)
     _git(repo, "config", "--unset", "branch.main.pushRemote")
     _git(repo, "config", "branch.main.remote", "https://u:tok3n@evil.example/x.git")
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is False and "remote https://evil.example/x.git:" in rep["error"], rep
     assert "tok3n" not in rep["error"]
 
 
 @needs_root
-def test_local_remotes_are_refused_with_a_host_list(repo, inproc, env):
+def test_local_remotes_are_refused_with_a_host_list(repo, slot_inproc, env):
     outside = os.path.join(env["root"], "outside")
     os.makedirs(outside)
     _git(outside, "init", "-q", "--bare")
     _git(repo, "remote", "add", "origin", outside)
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})  # control: no host list, git refuses
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})  # control: no host list, git refuses
     assert rep["ok"] is True and "transport 'file' not allowed" in rep["result"]["stderr"], rep
-    inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    slot_inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is False and "local paths are refused while chv_broker_sync_hosts is set" in rep["error"]
     _git(repo, "remote", "set-url", "origin", "file://" + outside)
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is False and "file:// URLs" in rep["error"], rep
     # a remote name with no url at all (git would read .git/remotes/<name>)
     _git(repo, "remote", "remove", "origin")
@@ -100,14 +100,14 @@ def test_local_remotes_are_refused_with_a_host_list(repo, inproc, env):
     with open(os.path.join(repo, ".git", "remotes", "origin"), "w") as fh:
         fh.write("URL: https://evil.example/x.git\n")
     os.lchown(os.path.join(repo, ".git", "remotes", "origin"), CELL_UID, CELL_UID)
-    rep = inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
+    rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is False and "remote 'origin' has no url" in rep["error"], rep
 
 
 @needs_root
-def test_non_git_commands_are_refused_with_a_host_list(repo, inproc):
-    inproc.cfg["sync"]["commands"] = {"status": ["id", "-u"]}
-    assert inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
-    inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
-    rep = inproc.call({"op": "sync", "action": "status", "repo": "repo"})
+def test_non_git_commands_are_refused_with_a_host_list(repo, slot_inproc):
+    slot_inproc.cfg["sync"]["commands"] = {"status": ["id", "-u"]}
+    assert slot_inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
+    slot_inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
+    rep = slot_inproc.call({"op": "sync", "action": "status", "repo": "repo"})
     assert rep["ok"] is False and "not git" in rep["error"] and "chv_broker_sync_hosts" in rep["error"]

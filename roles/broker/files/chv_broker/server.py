@@ -3,6 +3,7 @@ import argparse
 import json
 import os
 import pwd
+import re
 import signal
 import socket
 import stat
@@ -16,9 +17,20 @@ from . import wire
 from .peer import PeerChecker, PeerRejected
 from .protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
                        url_scheme_allowed)
-from .syncrun import HOSTS_VAR, parse_host_entry
+from .syncrun import HOSTS_VAR, jail_plan, parse_host_entry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# what a cell sees of the guest is /usr, /etc (without /etc/chv), its own
+# workspace and agent state, /run/chv: the sync worker sees no more
+# (roles/broker/defaults/main.yml: chv_broker_sync_mounts_default)
+SYNC_MOUNTS_DEFAULT = (
+    "TemporaryFileSystem=/var:ro",
+    "PrivateTmp=yes",
+    "ProtectHome=yes",
+    "InaccessiblePaths=-/run/chv-fleet -/run/chv-shots -/run/chv-browser -/etc/chv -/opt -/srv -/mnt -/media"
+    " -/usr/lib/chv-fleet/chv_browser -/usr/lib/chv-fleet/chv-browser",
+)
 
 DEFAULTS = {
     "cells_dir": "/run/chv-fleet/cells",
@@ -59,6 +71,12 @@ DEFAULTS = {
         # properties of the transient service (isolation "unit"); the role
         # renders chv_broker_sync_unit_properties here
         "unit_properties": [],
+        # the worker's mount namespace, in both isolation modes (systemd
+        # properties; "child": syncrun.enter_jail makes the same mounts).
+        # chv-broker adds TemporaryFileSystem=<workspaces_dir>:ro and
+        # BindPaths=<workspaces_dir>/<slot>: the slot's workspace is the
+        # only slot directory there. The role renders chv_broker_sync_mounts.
+        "mounts": list(SYNC_MOUNTS_DEFAULT),
     },
     "browser": {
         "enabled": True,
@@ -84,25 +102,48 @@ def load_config(path):
         return merge(DEFAULTS, json.load(fh))
 
 
-def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker):
+def sync_mount_properties(scfg, workspaces_dir, workspace):
+    """The worker's mount namespace as systemd properties, for both isolation modes.
+
+    ``scfg["mounts"]`` (hides /var, /tmp, homes, /opt, /etc/chv, /run/chv-*...),
+    then an empty read-only tmpfs over the whole workspaces directory and
+    the slot's own workspace bound back into it (writable): other slots'
+    workspaces do not exist in the namespace, whatever a path or link says.
+    """
+    for path in (workspaces_dir, workspace):
+        jail_plan(["BindPaths=%s" % path])  # a plain absolute path, or ValueError
+    return list(scfg["mounts"]) + ["TemporaryFileSystem=%s:ro" % workspaces_dir.rstrip("/"),
+                                   "BindPaths=%s" % workspace, "ReadWritePaths=%s" % workspace]
+
+
+def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker, workspaces_dir=None):
     """systemd-run argv that runs the sync worker in a transient service of its own.
 
-    The service starts as root with CAP_SETUID/CAP_SETGID only, and setpriv
-    drops to the workspace owner (systemd's User= needs a passwd entry, the
-    cells' mapped uids have none). Its output and exit status come back
-    through --pipe/--wait; RuntimeMaxSec makes systemd stop a sync that hangs.
+    The service starts as root with CAP_SETUID/CAP_SETGID only, in the
+    mount namespace of ``sync_mount_properties``, and setpriv drops to the
+    slot's uid/gid (systemd's User= needs a passwd entry, the cells' mapped
+    uids have none). Its output and exit status come back through
+    --pipe/--wait; RuntimeMaxSec makes systemd stop a sync that hangs.
     """
+    mounts = sync_mount_properties(scfg, workspaces_dir or os.path.dirname(workspace), workspace)
     argv = [scfg["systemd_run"], "--quiet", "--wait", "--pipe", "--collect", "--service-type=exec",
             "--unit=chv-broker-sync-%s-%s" % (slot, uuid.uuid4().hex[:12]),
             "--description=chv-broker sync for %s" % slot,
             "--property=RuntimeMaxSec=%d" % max(1, int(scfg["timeout"])),
-            "--property=ReadWritePaths=%s" % workspace,
             "--property=WorkingDirectory=/"]
-    argv += ["--property=" + p for p in scfg["unit_properties"]]
+    argv += ["--property=" + p for p in mounts + list(scfg["unit_properties"])]
     argv += ["--setenv=%s=%s" % kv for kv in sorted(env.items())]
     argv += ["--", scfg["setpriv"], "--reuid=%d" % uid, "--regid=%d" % gid, "--clear-groups",
              "--inh-caps=-all", "--"] + worker
     return argv
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text):
+    """``text`` with control characters (terminal escapes, NULs, CRs) as "?"; newlines and tabs kept."""
+    return _CONTROL.sub("?", text)
 
 
 class OpError(Exception):
@@ -125,6 +166,14 @@ class Broker:
             except ValueError as exc:
                 raise ValueError("sync.hosts (%s): %r is not a host name, IP address or host:port: %s"
                                  % (HOSTS_VAR, entry, exc)) from None
+        if not isinstance(config["sync"]["mounts"], list):
+            raise ValueError("sync.mounts (chv_broker_sync_mounts) must be a list")
+        try:
+            jail_plan(config["sync"]["mounts"])
+            sync_mount_properties(config["sync"], config["workspaces_dir"],
+                                  os.path.join(config["workspaces_dir"], "slot"))
+        except ValueError as exc:
+            raise ValueError("sync.mounts (chv_broker_sync_mounts) or workspaces_dir: %s" % exc) from None
         self.cfg = config
         self.log = log
         self.peers = PeerChecker(config["cells_dir"])
@@ -154,22 +203,34 @@ class Broker:
         return {"pong": True, "slot": cell["slot"]}
 
     def _sync_identity(self, cell, workspace):
+        """(uid, gid) of the sync worker: the slot's uid_base for both (the cell's root).
+
+        Never the workspace's group (the agent group reads every slot) nor
+        any other id shared between slots; the worker gets no supplementary
+        groups. The workspace must be a directory (not a link) owned by a
+        uid of the slot's range. Only an operator's chv_broker_sync_user, or
+        chv_broker_sync_shared_user owning the workspace, make it that user
+        (one identity for every slot: the mount namespace still holds only
+        this slot's workspace).
+        """
         scfg = self.cfg["sync"]
-        if scfg["user"]:
-            pw = pwd.getpwnam(scfg["user"])
-            return pw.pw_uid, pw.pw_gid
         try:
             st = os.lstat(workspace)
         except FileNotFoundError:
             raise OpError("slot workspace does not exist") from None
         if not stat.S_ISDIR(st.st_mode):
             raise OpError("slot workspace is not a directory")
-        allowed = cell["uid_base"] <= st.st_uid < cell["uid_base"] + cell["uid_size"]
-        if not allowed and scfg["shared_user"]:
-            allowed = st.st_uid == pwd.getpwnam(scfg["shared_user"]).pw_uid
-        if not allowed or st.st_uid == 0:
-            raise OpError("slot workspace owner is neither in the slot's UID range nor the shared user")
-        return st.st_uid, st.st_gid
+        if scfg["user"]:
+            pw = pwd.getpwnam(scfg["user"])
+            return pw.pw_uid, pw.pw_gid
+        base, size = int(cell["uid_base"]), int(cell["uid_size"])
+        if base > 0 and base <= st.st_uid < base + size:
+            return base, base
+        if scfg["shared_user"]:
+            pw = pwd.getpwnam(scfg["shared_user"])
+            if st.st_uid == pw.pw_uid and pw.pw_uid != 0:
+                return pw.pw_uid, pw.pw_gid
+        raise OpError("slot workspace owner is neither in the slot's UID range nor the shared user")
 
     def _credentials(self):
         """The credential file's content (read as root, outside every cell), or b""."""
@@ -197,15 +258,21 @@ class Broker:
                 "protocols": scfg["protocols"], "hosts": scfg["hosts"],
                 "credential_helper": os.path.join(HERE, "credential.py") if credentials else ""}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-        worker = [scfg["python"], "-I", os.path.join(HERE, "syncrun.py"), json.dumps(spec)]
+        worker = [scfg["python"], "-I", os.path.join(HERE, "syncrun.py")]
         if scfg["isolation"] == "unit":
             # systemd stops the unit after RuntimeMaxSec; give systemd-run a moment to report that
-            argv, popen_ids, grace = sync_unit_argv(scfg, cell["slot"], workspace, uid, gid, env, worker), {}, 10
+            argv = sync_unit_argv(scfg, cell["slot"], workspace, uid, gid, env, worker + [json.dumps(spec)],
+                                  self.cfg["workspaces_dir"])
+            grace = 10
         else:
-            argv, popen_ids, grace = worker, {"user": uid, "group": gid, "extra_groups": []}, 0
+            # the worker starts as root, makes the same mount namespace and drops to uid/gid
+            # itself before it reads anything of the workspace (syncrun.enter_jail)
+            jail = {"uid": uid, "gid": gid, "workspace": workspace,
+                    "properties": sync_mount_properties(scfg, self.cfg["workspaces_dir"], workspace)}
+            argv, grace = worker + ["--jail", json.dumps(jail), json.dumps(spec)], 0
         # the credentials go to the worker on its stdin (it keeps them in a memfd for git's helper)
         proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, **popen_ids)
+                                stderr=subprocess.PIPE, start_new_session=True)
         try:
             out, errout = proc.communicate(credentials, timeout=scfg["timeout"] + grace)
         except subprocess.TimeoutExpired:
@@ -221,7 +288,7 @@ class Broker:
         cap = scfg["max_output_bytes"]
         return {"action": action, "returncode": proc.returncode,
                 "stdout": out[:cap].decode("utf-8", "replace"),
-                "stderr": errout[:cap].decode("utf-8", "replace"),
+                "stderr": printable(errout[:cap].decode("utf-8", "replace")),
                 "truncated": len(out) > cap or len(errout) > cap}
 
     def op_browser(self, cell, req):

@@ -1,19 +1,28 @@
 #!/usr/bin/python3 -I
-"""chv-broker's sync worker: runs as the workspace owner, never as root.
+"""chv-broker's sync worker: runs as the slot's own uid and gid, never as root.
 
-chv-broker starts this file as the unprivileged identity the sync runs as
-(in a transient systemd service via setpriv, or as its own child with
-``user=``/``group=``), with one JSON argument (the spec) and the credentials
-on stdin.  Everything that
-touches the cell-writable workspace happens here, with that identity's
-permissions only:
+chv-broker starts this file as the slot's identity (uid = gid = the slot's
+uid_base, the cell's root; no supplementary groups) in a mount namespace
+where the slot's workspace is the only slot directory there is: in a
+transient systemd service (systemd-run with TemporaryFileSystem=,
+BindPaths=, InaccessiblePaths=..., then setpriv), or as its own child,
+started as root with ``--jail <json>``: the worker then makes the same
+namespace itself (``jail_plan``/``enter_jail``: unshare(CLONE_NEWNS),
+tmpfs and bind mounts) and drops to the slot's ids before it reads anything
+of the workspace.  It gets one JSON argument (the spec) and the credentials
+on stdin.  Everything that touches the cell-writable workspace happens
+here, with that identity's permissions only:
 
 1. resolve the requested repository (symlinks followed, strictly) and refuse
    anything outside the slot's workspace (../, absolute paths elsewhere,
    symlinks that leave it);
 2. chdir into it, so the directory is pinned against later symlink swaps;
-3. for git: refuse repositories whose git dir lies outside the workspace and
-   repositories whose local config holds any key outside a short allow-list
+3. for git: refuse a repository whose ``.git`` is not a plain directory
+   (a ``gitdir:`` file, a symbolic link), whose git directory holds a
+   symbolic link, a special file, ``objects/info/alternates`` or a
+   ``commondir`` file anywhere (``check_git_dir``: every path git would
+   follow out of the repository), whose git dir lies outside the workspace,
+   and repositories whose local config holds any key outside a short allow-list
    (filter/merge/diff drivers, hooks paths, ssh commands, url rewrites,
    includes... would run code or redirect credentials), then run git with
    hooks, fsmonitor, pager and every protocol but the allowed ones disabled,
@@ -31,6 +40,7 @@ import ipaddress
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -352,15 +362,83 @@ def inside(root, path):
     return os.path.commonpath([root, os.path.realpath(path)]) == root
 
 
+# paths inside a git directory that make git read another directory or file:
+# objects/info/alternates (and its dumb-http twin) add object stores, commondir
+# makes the directory a linked worktree of another repository's
+GIT_DIR_INDIRECTIONS = ("objects/info/alternates", "objects/info/http-alternates", "commondir")
+GIT_DIR_MAX_ENTRIES = 500000
+
+
+def _shown(rel):
+    rel = "".join(c if c.isprintable() and c != "\\" else "?" for c in rel)
+    return rel if len(rel) <= 120 else rel[:117] + "..."
+
+
+def check_git_dir(repo):
+    """Refuse (Rejected) a repository whose git directory could lead git out of it.
+
+    ``repo`` is the (pinned) working tree. Its ``.git`` must be a directory
+    (not a ``gitdir:`` file, not a symbolic link); nothing in it may be a
+    symbolic link (refs/, objects/, packed-refs, HEAD, config, ...) or
+    anything but a directory or regular file (FIFOs, sockets, devices); none
+    of GIT_DIR_INDIRECTIONS may exist. Nothing is followed while walking.
+    Returns the git directory's path. The walk is a front: the worker's
+    mount namespace holds only the slot's workspace, so a link swapped in
+    after the walk still finds nothing of another slot.
+    """
+    gd = os.path.join(repo, ".git")
+    try:
+        st = os.lstat(gd)
+    except FileNotFoundError:
+        raise Rejected("repo has no .git directory") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise Rejected(".git is a symbolic link")
+    if stat.S_ISREG(st.st_mode):
+        raise Rejected(".git is a file (a gitdir: link to another git directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise Rejected(".git is not a directory")
+    for rel in GIT_DIR_INDIRECTIONS:
+        if os.path.lexists(os.path.join(gd, rel)):
+            raise Rejected(".git/%s is not allowed (git would read another directory)" % rel)
+    todo, seen = [""], 0
+    while todo:
+        sub = todo.pop()
+        try:
+            with os.scandir(os.path.join(gd, sub)) as it:
+                entries = list(it)
+        except OSError as exc:
+            raise Rejected(".git/%s cannot be read: %s" % (_shown(sub), exc.strerror)) from None
+        for e in entries:
+            seen += 1
+            if seen > GIT_DIR_MAX_ENTRIES:
+                raise Rejected("the git directory holds more than %d entries" % GIT_DIR_MAX_ENTRIES)
+            rel = os.path.join(sub, e.name)
+            if e.is_symlink():
+                raise Rejected("symbolic link in the git directory: .git/%s" % _shown(rel))
+            if e.is_dir(follow_symlinks=False):
+                todo.append(rel)
+            elif not e.is_file(follow_symlinks=False):
+                raise Rejected("special file in the git directory: .git/%s" % _shown(rel))
+    return gd
+
+
 def disallowed_git_keys(names):
     """Config keys (lower-case names as git prints them) that are not on the allow-list."""
     return sorted({n for n in names if not any(p.fullmatch(n) for p in GIT_CONFIG_ALLOWED)})
 
 
-def git_env(base_env, ws_real):
+def git_env(base_env, ws_real, repo=None):
+    """git's environment: an allow-list of the broker's variables (so no
+    GIT_DIR, GIT_ALTERNATE_OBJECT_DIRECTORIES, GIT_CONFIG_PARAMETERS... of
+    anyone else) and, for ``repo``, GIT_DIR/GIT_WORK_TREE pinned to its
+    ``.git`` and itself (no discovery, no core.worktree)."""
     env = {k: v for k, v in base_env.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "CHV_BROKER_CRED_FD")}
     env.setdefault("PATH", "/usr/bin:/bin")
+    if repo is not None:
+        env.update({"GIT_DIR": os.path.join(repo, ".git"), "GIT_WORK_TREE": repo})
     env.update({
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_PROTOCOL_FROM_USER": "0",
         "HOME": "/nonexistent",
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
@@ -374,7 +452,7 @@ def git_env(base_env, ws_real):
     return env
 
 
-def git_prefix(protocols, credential_helper, hosts=()):
+def git_prefix(protocols, credential_helper):
     argv = ["git",
             "-c", "core.hooksPath=/dev/null",
             "-c", "core.fsmonitor=false",
@@ -385,9 +463,11 @@ def git_prefix(protocols, credential_helper, hosts=()):
         argv += ["-c", "protocol.%s.allow=always" % proto]
     if credential_helper:
         argv += ["-c", "credential.helper=" + credential_helper]
-    if hosts:  # submodules' remotes come from files the host check does not read
-        argv += ["-c", "submodule.recurse=false", "-c", "fetch.recurseSubmodules=false",
-                 "-c", "push.recurseSubmodules=no"]
+    # never into submodules: their git directories (a sub/.git "gitdir:" file, their
+    # config, alternates...) are outside what check_git_dir and the key allow-list read
+    argv += ["-c", "submodule.recurse=false", "-c", "fetch.recurseSubmodules=false",
+             "-c", "push.recurseSubmodules=no", "-c", "diff.ignoreSubmodules=all",
+             "-c", "status.submoduleSummary=false"]
     return argv
 
 
@@ -432,8 +512,9 @@ def prepare(spec, environ):
     env = dict(environ)
     hosts = list(spec.get("hosts") or ())
     if os.path.basename(argv[0]) == "git":
-        env = git_env(environ, ws_real)
-        prefix = git_prefix(spec.get("protocols", ["https"]), spec.get("credential_helper") or "", hosts)
+        check_git_dir(real)  # before any git command reads the directory
+        env = git_env(environ, ws_real, real)
+        prefix = git_prefix(spec.get("protocols", ["https"]), spec.get("credential_helper") or "")
         # config first: any other git command would already honour include.path & co.
         config = parse_config_list(_git_out(prefix, env, "config", "--local", "--no-includes", "--list", "--null"))
         bad = disallowed_git_keys(n.lower() for n, _v in config)
@@ -453,6 +534,176 @@ def prepare(spec, environ):
     return argv, env
 
 
+# ------------------------------------------------------------------ the mount namespace
+# The systemd properties the worker's mount namespace is made of. In isolation
+# "unit" systemd reads them; in "child" enter_jail() makes the same namespace.
+MOUNT_PROPERTIES = ("TemporaryFileSystem", "InaccessiblePaths", "BindPaths", "ReadWritePaths",
+                    "ProtectHome", "PrivateTmp")
+_PATH_RE = re.compile(r"/[A-Za-z0-9._@+/-]*")
+_TMPFS_OPT_RE = re.compile(r"ro|rw|mode=[0-7]{3,4}|size=[0-9]+[kmgKMG%]?|nr_inodes=[0-9]+[kmgKMG]?")
+
+
+class JailError(Rejected):
+    pass
+
+
+def _jail_path(text, what):
+    if not _PATH_RE.fullmatch(text) or "/../" in text + "/" or "/./" in text + "/" or "//" in text:
+        raise ValueError("%s: %r is not a plain absolute path" % (what, text))
+    return text.rstrip("/") or "/"
+
+
+def jail_plan(properties):
+    """The mounts, in order, that ``properties`` (systemd ``Name=value`` strings) stand for.
+
+    Pure. Returns [(kind, path, arg)] with kind "tmpfs" (arg: (options,
+    read_only)), "inaccessible" (arg: optional) or "bind" (arg: the source),
+    parents before children (systemd sorts its mounts the same way).
+    Raises ValueError for a property it does not know (only those of
+    MOUNT_PROPERTIES; ReadWritePaths= changes nothing here) and for paths
+    that are not plain absolute paths.
+    """
+    steps = []
+    for prop in properties:
+        name, eq, value = str(prop).partition("=")
+        if not eq or name not in MOUNT_PROPERTIES:
+            raise ValueError("%r is not one of the mount properties %s" % (prop, ", ".join(MOUNT_PROPERTIES)))
+        if name == "TemporaryFileSystem":
+            for item in value.split():
+                path, _sep, opts = item.partition(":")
+                options = [o for o in opts.split(",") if o]
+                bad = [o for o in options if not _TMPFS_OPT_RE.fullmatch(o)]
+                if bad:
+                    raise ValueError("TemporaryFileSystem=%s: option %r is not supported" % (item, bad[0]))
+                ro = "ro" in options
+                options = [o for o in options if o not in ("ro", "rw")]
+                if not any(o.startswith("mode=") for o in options):
+                    options.insert(0, "mode=0755")
+                steps.append(("tmpfs", _jail_path(path, name), (",".join(options), ro)))
+        elif name == "InaccessiblePaths":
+            for item in value.split():
+                optional = item.startswith("-")
+                steps.append(("inaccessible", _jail_path(item.lstrip("-"), name), optional))
+        elif name == "BindPaths":
+            for item in value.split():
+                src, _sep, dst = item.partition(":")
+                if ":" in dst:
+                    raise ValueError("BindPaths=%s: options are not supported" % item)
+                steps.append(("bind", _jail_path(dst or src, name), _jail_path(src, name)))
+        elif name == "ReadWritePaths":
+            for item in value.split():
+                _jail_path(item.lstrip("-"), name)
+        elif name == "ProtectHome":
+            if value in ("yes", "true"):
+                steps += [("inaccessible", p, True) for p in ("/home", "/root", "/run/user")]
+            elif value in ("read-only", "tmpfs"):
+                steps += [("tmpfs", p, ("mode=0755", True)) for p in ("/home", "/root", "/run/user")]
+            elif value not in ("no", "false"):
+                raise ValueError("ProtectHome=%s is not supported" % value)
+        elif name == "PrivateTmp":
+            if value in ("yes", "true"):
+                steps += [("tmpfs", "/tmp", ("mode=1777", False)), ("tmpfs", "/var/tmp", ("mode=1777", False))]
+            elif value not in ("no", "false"):
+                raise ValueError("PrivateTmp=%s is not supported" % value)
+    kinds = {"tmpfs": 0, "inaccessible": 0, "bind": 1}
+    order = sorted(range(len(steps)),
+                   key=lambda i: (0 if steps[i][1] == "/" else steps[i][1].count("/"), kinds[steps[i][0]], i))
+    return [steps[i] for i in order]
+
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def _under(path, roots):
+    return any(path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def enter_jail(jail):
+    """As root (isolation "child"): make the worker's mount namespace, then become the slot.
+
+    ``jail``: {"uid", "gid", "workspace", "properties"}. The workspace is
+    opened (O_PATH, O_NOFOLLOW) in the new namespace before anything is
+    mounted there, and bound from that descriptor; propagation is private, so nothing reaches the host.
+    Mount points are only ever created inside tmpfs mounted here. Then
+    supplementary groups, gid, uid (all three of each) and no_new_privs;
+    checked afterwards, with the capability sets, which must be empty.
+    Raises JailError (a Rejected) when any step fails: no sync without it.
+    """
+    import ctypes  # only here: the unit-mode worker never needs it
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+    def call(what, rc):
+        if rc != 0:
+            err = ctypes.get_errno()
+            hint = (" (chv-broker needs CAP_SYS_ADMIN, mount(2) and unshare(2) for sync.isolation child)"
+                    if err in (1, 13) else "")
+            raise JailError("the sync worker's mount namespace could not be made: %s: %s%s"
+                            % (what, os.strerror(err), hint))
+
+    def mount(src, target, fstype, flags, data=None):
+        enc = lambda v: v.encode() if isinstance(v, str) else v  # noqa: E731
+        call("mount %s" % target, libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)))
+
+    uid, gid, workspace = int(jail["uid"]), int(jail["gid"]), jail["workspace"]
+    if uid <= 0 or gid <= 0:
+        raise JailError("the sync worker never runs as root")
+    try:
+        plan = jail_plan(jail["properties"])
+    except ValueError as exc:
+        raise JailError("sync.mounts: %s" % exc) from None
+    call("unshare(CLONE_NEWNS)", libc.unshare(CLONE_NEWNS))
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    try:  # in the new namespace (a bind's source must be one of its mounts), before any mount
+        ws_fd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise JailError("slot workspace cannot be opened: %s" % exc.strerror) from None
+    ours, read_only = [], []
+    for kind, path, arg in plan:
+        if not os.path.lexists(path):
+            if _under(path, ours) and kind in ("tmpfs", "bind"):
+                os.makedirs(path, 0o755)
+            elif kind == "inaccessible" and not arg:
+                raise JailError("InaccessiblePaths=%s does not exist" % path)
+            elif kind == "bind":
+                raise JailError("BindPaths=%s: the mount point does not exist" % path)
+            else:
+                continue  # nothing there to hide
+        if kind == "tmpfs":
+            options, ro = arg
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+            ours.append(path)
+            if ro:
+                read_only.append((path, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
+        elif kind == "inaccessible":
+            if os.path.isdir(path):
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=000,nr_inodes=1")
+                read_only.append((path, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
+            else:
+                mount("/dev/null", path, None, MS_BIND)
+                read_only.append((path, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV))
+        else:  # bind: only the workspace, from the descriptor opened before any mount
+            if arg != workspace:
+                raise JailError("BindPaths=%s: only the slot's workspace is bound" % arg)
+            mount("/proc/self/fd/%d" % ws_fd, path, None, MS_BIND)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+    for path, flags in read_only:
+        mount(None, path, None, flags)
+    os.close(ws_fd)
+    os.chdir("/")
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    call("prctl(PR_SET_NO_NEW_PRIVS)", libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+    with open("/proc/self/status", encoding="ascii") as fh:
+        caps = [line.split()[1] for line in fh if line.startswith(("CapPrm:", "CapEff:", "CapAmb:"))]
+    if (os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or os.getgroups()
+            or any(int(c, 16) for c in caps)):
+        raise JailError("the sync worker did not become the slot's uid/gid")
+
+
 def credentials_fd(stream):
     """chv-broker writes the credential file's content to our stdin; keep it
     in an unnamed memfd that git's credential helper inherits (CHV_BROKER_CRED_FD)."""
@@ -466,6 +717,14 @@ def credentials_fd(stream):
 
 
 def main(args):
+    if args[:1] == ["--jail"]:  # isolation "child": started as root, becomes the slot here
+        try:
+            enter_jail(json.loads(args[1]))
+        except Rejected as exc:
+            sys.stdout.write(json.dumps({"rejected": str(exc)}) + "\n")
+            sys.stdout.flush()
+            return REJECT_STATUS
+        args = args[2:]
     spec = json.loads(args[0])
     fd = credentials_fd(sys.stdin.buffer)
     if fd is not None:

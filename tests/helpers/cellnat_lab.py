@@ -3,9 +3,9 @@
 Topology (every address lives only inside the namespaces created here)::
 
     outside ns                    guest ns                          cell ns a / b
-    wan0 198.18.0.1/24  <---->  upA 198.18.0.2/24 (default route)
-    lo: 198.18.1.1 198.18.1.200   chvh0 10.200.0.1/24  <---->  eth0 10.200.0.2/24
-        198.18.2.1 198.18.3.1     chvh1 10.200.1.1/24  <---->  eth0 10.200.1.2/24
+    wan0 198.20.0.1/24  <---->  upA 198.20.0.2/24 (default route)
+    lo: 198.20.1.1 198.20.1.200   chvh0 10.200.0.1/24  <---->  eth0 10.200.0.2/24
+        198.20.2.1 198.20.3.1     chvh1 10.200.1.1/24  <---->  eth0 10.200.1.2/24
         169.254.169.254           (+ fd00:cafe:0::1/64, fd00:cafe:1::1/64 for the IPv6 checks)
 
 The outside namespace has no route to 10.200.0.0/16: a cell reaches it
@@ -102,13 +102,13 @@ class Lab(object):
             run("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0", ns=ns)
         g, o = self.guest, self.outside
         run("ip", "link", "add", "upA", "netns", g, "type", "veth", "peer", "name", "wan0", "netns", o)
-        run("ip", "addr", "add", "198.18.0.1/24", "dev", "wan0", ns=o)
+        run("ip", "addr", "add", "198.20.0.1/24", "dev", "wan0", ns=o)
         run("ip", "link", "set", "wan0", "up", ns=o)
-        for addr in ("198.18.1.1/32", "198.18.1.200/32", "198.18.2.1/32", "198.18.3.1/32", "169.254.169.254/32"):
+        for addr in ("198.20.1.1/32", "198.20.1.200/32", "198.20.2.1/32", "198.20.3.1/32", "169.254.169.254/32"):
             run("ip", "addr", "add", addr, "dev", "lo", ns=o)
-        run("ip", "addr", "add", "198.18.0.2/24", "dev", "upA", ns=g)
+        run("ip", "addr", "add", "198.20.0.2/24", "dev", "upA", ns=g)
         run("ip", "link", "set", "upA", "up", ns=g)
-        run("ip", "route", "add", "default", "via", "198.18.0.1", ns=g)
+        run("ip", "route", "add", "default", "via", "198.20.0.1", ns=g)
         run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=g)
         run("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1", ns=g)
         for slot, ns, v6 in ((self.slots[0], self.cell_a, "fd00:cafe:0"), (self.slots[1], self.cell_b, "fd00:cafe:1")):

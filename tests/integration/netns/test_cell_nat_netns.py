@@ -19,8 +19,8 @@ from ansible_collections.chv.fleet.plugins.module_utils import cell_nat
 _SKIP = cellnat_lab.lab_available()
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
-OUT = "198.18.0.1"          # outside, on the uplink network
-GUEST_UPLINK = "198.18.0.2"
+OUT = "198.20.0.1"          # outside, on the uplink network
+GUEST_UPLINK = "198.20.0.2"
 NAT_ONLY = """
 table inet cnt_natonly {
     chain post {
@@ -56,7 +56,7 @@ def test_baseline_nat_only_leaves_every_path_open(lab):
         assert lab.probe(a, "10.200.0.1", 2222) == "10.200.0.2"           # the guest's TCP service
         assert lab.probe(a, GUEST_UPLINK, 2222) == "10.200.0.2"
         assert lab.probe(a, "169.254.169.254", 8080) == GUEST_UPLINK      # metadata address
-        assert lab.probe(a, "198.18.2.1", 8080) == GUEST_UPLINK           # the CIDR denied later
+        assert lab.probe(a, "198.20.2.1", 8080) == GUEST_UPLINK           # the CIDR denied later
         assert lab.probe(a, "fd00:cafe:1::2", 7000) == "fd00:cafe::2"     # IPv6 to the other cell
         assert lab.probe(a, "10.200.0.1", 53, proto="udp") == "10.200.0.2"
     finally:
@@ -98,30 +98,30 @@ def test_cell_cannot_reach_guest_services(policy):
 
 
 def test_link_local_and_denied_cidr_dropped(lab):
-    lab.apply(egress_deny=[{"cidr": "198.18.2.0/24"}])
+    lab.apply(egress_deny=[{"cidr": "198.20.2.0/24"}])
     before = lab.counters()
     assert lab.probe(lab.cell_a, "169.254.169.254", 8080) is None
-    assert lab.probe(lab.cell_a, "198.18.2.1", 8080) is None
+    assert lab.probe(lab.cell_a, "198.20.2.1", 8080) is None
     assert lab.probe(lab.guest, "169.254.169.254", 8080) == GUEST_UPLINK   # routed and listening
-    assert lab.probe(lab.guest, "198.18.2.1", 8080) == GUEST_UPLINK
-    assert lab.probe(lab.cell_a, "198.18.1.1", 8080) == GUEST_UPLINK       # same cell, other dest
+    assert lab.probe(lab.guest, "198.20.2.1", 8080) == GUEST_UPLINK
+    assert lab.probe(lab.cell_a, "198.20.1.1", 8080) == GUEST_UPLINK       # same cell, other dest
     d = delta(before, lab.counters(), "drop_link_local", "drop_denied")
     assert d["drop_link_local"] >= 1 and d["drop_denied"] >= 1
     # Loosening only the deny list reopens the denied CIDR (the link-local drop stays).
     lab.apply()
-    assert lab.probe(lab.cell_a, "198.18.2.1", 8080) == GUEST_UPLINK
+    assert lab.probe(lab.cell_a, "198.20.2.1", 8080) == GUEST_UPLINK
     assert lab.probe(lab.cell_a, "169.254.169.254", 8080) is None
 
 
 def test_allow_list_mode_admits_only_listed_destinations(lab):
-    lab.apply(egress_allow=[{"cidr": "198.18.1.0/24"}, {"cidr": "198.18.3.1", "proto": "tcp", "ports": [8080]}],
-              egress_deny=[{"cidr": "198.18.1.200/32", "comment": "carve-out"}])
+    lab.apply(egress_allow=[{"cidr": "198.20.1.0/24"}, {"cidr": "198.20.3.1", "proto": "tcp", "ports": [8080]}],
+              egress_deny=[{"cidr": "198.20.1.200/32", "comment": "carve-out"}])
     before = lab.counters()
-    assert lab.probe(lab.cell_a, "198.18.1.1", 8080) == GUEST_UPLINK
-    assert lab.probe(lab.cell_a, "198.18.3.1", 8080) == GUEST_UPLINK
-    assert lab.probe(lab.cell_a, "198.18.3.1", 8081) is None           # port not listed
+    assert lab.probe(lab.cell_a, "198.20.1.1", 8080) == GUEST_UPLINK
+    assert lab.probe(lab.cell_a, "198.20.3.1", 8080) == GUEST_UPLINK
+    assert lab.probe(lab.cell_a, "198.20.3.1", 8081) is None           # port not listed
     assert lab.probe(lab.cell_a, OUT, 8080) is None                    # address not listed
-    assert lab.probe(lab.cell_a, "198.18.1.200", 8080) is None         # deny wins inside an allowed range
+    assert lab.probe(lab.cell_a, "198.20.1.200", 8080) is None         # deny wins inside an allowed range
     d = delta(before, lab.counters(), "drop_not_allowed", "drop_denied")
     assert d["drop_not_allowed"] >= 2 and d["drop_denied"] >= 1
     lab.apply()                                                        # back to no allow list
@@ -159,14 +159,14 @@ def test_no_ipv6_path_and_no_spoofing(policy):
 
 def test_per_destination_rate_limit(lab):
     lab.apply(ratelimit=1, ratelimit_burst=2)
-    results = [lab.probe(lab.cell_a, "198.18.3.1", 8080) for _attempt in range(6)]
+    results = [lab.probe(lab.cell_a, "198.20.3.1", 8080) for _attempt in range(6)]
     admitted = sum(1 for r in results if r)
     print("rate limit 1/s burst 2: %d of 6 back-to-back connections admitted" % admitted)
     assert 1 <= admitted <= 5
     assert lab.counters()["drop_ratelimit"] >= 1
-    assert lab.probe(lab.cell_a, "198.18.1.1", 8080) == GUEST_UPLINK    # other destination unaffected
+    assert lab.probe(lab.cell_a, "198.20.1.1", 8080) == GUEST_UPLINK    # other destination unaffected
     lab.apply()
-    assert all(lab.probe(lab.cell_a, "198.18.3.1", 8080) for _attempt in range(6))
+    assert all(lab.probe(lab.cell_a, "198.20.3.1", 8080) for _attempt in range(6))
 
 
 def test_rule_count_does_not_grow_with_slots(lab):
@@ -174,7 +174,7 @@ def test_rule_count_does_not_grow_with_slots(lab):
     run("ip", "netns", "add", ns)
     lab.namespaces.append(ns)
     counts, elements = {}, {}
-    policy = dict(egress_allow=[{"cidr": "198.18.1.0/24"}], egress_deny=[{"cidr": "198.18.1.9"}],
+    policy = dict(egress_allow=[{"cidr": "198.20.1.0/24"}], egress_deny=[{"cidr": "198.20.1.9"}],
                   dns_via_gateway=True, ratelimit=50, uplink="upA")
     for n in (4, 256):
         data = cell_nat.plan(dict(policy, slots=make_slots(n)), None, None)
@@ -249,10 +249,10 @@ def door_probe(lab, uid, host, port, proto="tcp"):
 def test_doors_get_the_cells_egress_policy(lab):
     """A socket owned by a slot's UID range on the guest (sync's git, or chv-browser through its drop-in)
     reaches what a cell may and nothing of the guest or the cells; the same probes as root are the control."""
-    lab.apply(egress_deny=[{"cidr": "198.18.2.1/32"}])
+    lab.apply(egress_deny=[{"cidr": "198.20.2.1/32"}])
     door, other = make_slots(2)[1]["uid_base"] + 17, 65534   # inside slot1's range; nobody is no door
     refused = [("127.0.0.1", 2222), (GUEST_UPLINK, 2222), ("10.200.0.1", 2222), ("10.200.1.2", 7000),
-               ("169.254.169.254", 8080), ("198.18.2.1", 8080)]
+               ("169.254.169.254", 8080), ("198.20.2.1", 8080)]
     before = lab.counters()
     assert door_probe(lab, door, OUT, 8080) == GUEST_UPLINK                       # control: allowed egress
     for host, port in refused:

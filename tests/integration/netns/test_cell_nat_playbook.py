@@ -45,8 +45,8 @@ RENDER = """
     - name: Validate and discover
       chv.fleet.cell_nat_info:
         slots: {slots}
-        egress_allow: [{{cidr: 198.18.1.0/24}}, {{cidr: 198.18.3.1, proto: tcp, ports: [8080, "9000-9100"]}}]
-        egress_deny: [{{cidr: 198.18.1.200}}]
+        egress_allow: [{{cidr: 198.20.1.0/24}}, {{cidr: 198.20.3.1, proto: tcp, ports: [8080, "9000-9100"]}}]
+        egress_deny: [{{cidr: 198.20.1.200}}]
         dns_via_gateway: true
         ratelimit: 20
         var_prefix: cell_nat_
@@ -83,8 +83,8 @@ def test_ansible_renders_what_the_netns_tests_load(lab, tmp_path):
     rendered = (tmp_path / "cell-nat.nft").read_text()
     assert rendered == cellnat_lab.render(facts["ruleset"])
     lab.load_text(rendered)
-    assert lab.probe(lab.cell_a, "198.18.1.1", 8080) == "198.18.0.2"     # allowed
-    assert lab.probe(lab.cell_a, "198.18.0.1", 8080) is None             # not on the allow list
+    assert lab.probe(lab.cell_a, "198.20.1.1", 8080) == "198.20.0.2"     # allowed
+    assert lab.probe(lab.cell_a, "198.20.0.1", 8080) is None             # not on the allow list
 
 
 OLD_NAME = """
@@ -146,10 +146,10 @@ def test_invalid_variables_fail_before_any_change(lab, tmp_path):
     base = {"cell_nat_slots": lab.slots, "cell_nat_config_dir": str(tmp_path / "etc"),
             "cell_nat_sysctl_file": str(tmp_path / "sysctl.conf")}
     cases = [
-        dict(base, cell_nat_egress_allow=[{"cidr": "198.18.1.0/33"}]),
+        dict(base, cell_nat_egress_allow=[{"cidr": "198.20.1.0/33"}]),
         dict(base, cell_nat_uplink="eth9"),
-        dict(base, cell_nat_egress_allow=[{"cidr": "198.18.0.0/16"}],
-             cell_nat_egress_deny=[{"cidr": "198.18.0.0/15"}]),
+        dict(base, cell_nat_egress_allow=[{"cidr": "198.20.0.0/16"}],
+             cell_nat_egress_deny=[{"cidr": "198.20.0.0/15"}]),
         dict(base, cell_nat_ratelimit="many"),
         dict(base, cell_nat_slots=[dict(lab.slots[0], host_ifname="chvh0-far-too-long")]),
     ]
@@ -161,9 +161,9 @@ def test_invalid_variables_fail_before_any_change(lab, tmp_path):
     print("\n".join("%s: %s" % (o["task"], o["msg"]) for o in outcomes))
     assert len(outcomes) == len(cases)
     validate = "Validate the policy, discover the uplink and list foreign firewall chains"
-    assert outcomes[0]["msg"].startswith("cell_nat_egress_allow[0].cidr: '198.18.1.0/33' is not a valid IPv4 CIDR")
+    assert outcomes[0]["msg"].startswith("cell_nat_egress_allow[0].cidr: '198.20.1.0/33' is not a valid IPv4 CIDR")
     assert outcomes[1]["msg"].startswith("cell_nat_uplink: 'eth9' is not an interface on this host")
-    assert outcomes[2]["msg"].startswith("cell_nat_egress_allow[0]: 198.18.0.0/16 overlaps cell_nat_egress_deny[0]")
+    assert outcomes[2]["msg"].startswith("cell_nat_egress_allow[0]: 198.20.0.0/16 overlaps cell_nat_egress_deny[0]")
     assert outcomes[3]["task"].startswith("Validating arguments against arg spec 'main'")   # at role start
     assert any("cell_nat_ratelimit" in e for e in outcomes[3]["errors"]), outcomes[3]
     assert outcomes[4]["msg"].startswith("cell_nat_slots[0].host_ifname: 'chvh0-far-too-long'")

@@ -46,6 +46,20 @@ driver are closed (a request still running ends with an error), and the
 process waits up to 10 s for those errors to reach their clients before it
 exits.
 
+A run's end (policy.ADMIN_ACTIONS "end", from chv-cell's launcher after a
+cell stopped and before its slot can be claimed again, chv_cell/doors.py):
+accepted only from uid 0 of the guest's own user namespace
+(Server.check_admin_peer); the slot's context is closed at once, without
+waiting for the slot's lock (a request still running fails), its
+screenshots are removed, and the slot's epoch moves on, so a request of
+the ended run still queued is refused.  A request may name the cell
+incarnation it is for ("cell"): a context made for another one is closed
+before the request runs (verdict "stale-context").  Pages per slot: a page
+a slot's page opens is kept only while a request of the slot runs and the
+context has fewer than pages_per_slot pages (policy.admit_page), else
+closed at once; every page but the slot's own is closed when the request
+ends (log action "close-popups").
+
 Operations (protocol.BROWSER_ACTIONS, shared with chv-broker): open(url),
 snapshot, screenshot(name), close; each is carried out by Engine.op_<action>.  Nothing else:
 no evaluate, no page content or DOM, no downloads, no DevTools endpoint

@@ -14,6 +14,7 @@ import json
 import math
 import re
 
+from . import disk as diskmod
 from . import families as familiesmod
 from . import limits as limitsmod
 
@@ -137,6 +138,10 @@ DEFAULTS = {
     # of AF_* names, or "any" for no filter.
     "socket_families": list(familiesmod.DEFAULT_FAMILIES),
     "runtime_max": 0,
+    # The per-slot disk quota (chv_cell/disk.py): null for none, or a size
+    # such as "2G"; set, the launcher refuses a run unless the slot's
+    # workspace and home are on the slot's own file system of at most this size.
+    "disk_max": None,
     # chv-browser's socket: at the end of every run, before the slot's lock is
     # released, the launcher has chv-browser destroy the slot's browser state
     # (chv_cell/doors.py). The role renders the browser role's
@@ -581,6 +586,7 @@ def validate(obj):
         errors.append("read_max_bytes: must be a whole number of bytes between 1 and %d (role variable "
                       "chv_cell_read_max_bytes)" % READ_MAX_BYTES_LIMIT)
 
+    _check_disk(p, platform, errors)
     _check_agent(p, errors)
     if platform == "darwin":
         _check_darwin_slots(p["slots"], errors)
@@ -588,6 +594,21 @@ def validate(obj):
         _check_slots(p["slots"], errors)
     _check_warm(p, errors)
     return errors
+
+
+def _check_disk(p, platform, errors):
+    """disk_max: null, or a size string (a linux policy only)."""
+    v = p["disk_max"]
+    if v is None:
+        return
+    if platform == "darwin":
+        errors.append("disk_max: must be null in a darwin policy (no per-slot disk quota on macOS; role variable "
+                      "chv_cell_disk_max)")
+        return
+    try:
+        diskmod.parse_size(v)
+    except ValueError as exc:
+        errors.append("disk_max: %s" % exc)
 
 
 def _check_warm(p, errors):

@@ -16,6 +16,7 @@ import time
 
 from . import argv as argvmod
 from . import claim as claimmod
+from . import disk as diskmod
 from . import limits as limitsmod
 from . import policy as policymod
 from . import resolver
@@ -711,6 +712,7 @@ class Launcher:
     def prepare(self, slot, shared_network):
         p = self.policy
         paths = argvmod.cell_paths(p, slot)
+        diskmod.check_slot(p, slot, paths, SetupError)  # policy disk_max: the slot's own file system, or refuse
         state = p["state_dir"]
         _ensure_dir(state, 0o700)
         for sub in ("locks", "cells", "net", "gate"):

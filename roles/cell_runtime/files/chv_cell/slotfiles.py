@@ -254,6 +254,8 @@ def open_slot_file(policy, slot, path, max_bytes, use_openat2=True):
         os.close(base)
     try:
         st = os.fstat(leaf)
+        if stat.S_ISLNK(st.st_mode):
+            raise Refused(EXIT_REFUSED, "%s is a symbolic link (never followed)" % what)
         if not stat.S_ISREG(st.st_mode):
             raise Refused(EXIT_REFUSED, "%s is %s: only regular files are read" % (what, _kind(st.st_mode)))
         if not cell_could_read(st, slot):

@@ -127,6 +127,8 @@ left_behind:
   elements: str
 """
 
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -135,6 +137,44 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
+
+
+# Loop devices, as a VM has them (docs/lab.md "Loop devices"): the
+# cell_runtime role loop-mounts each slot's disk image. The kernel's loop
+# devices are the lab host's, shared by every guest: each guest gets
+# /dev/loop-control and the nodes of loop0..LOOP_DEVICES-1 bound in, and the
+# lab host is given that many (LOOP_CTL_ADD) before a guest boots.
+# LOOP_CTL_GET_FREE hands out the lowest free one, so this covers make
+# test's ~8 guests x 4 slots with room for the host's own tests; a mount
+# beyond it fails (the slot's launcher then refuses, fail closed).
+LOOP_DEVICES = 64
+LOOP_CONTROL = "/dev/loop-control"
+LOOP_CTL_ADD = 0x4C80
+
+
+def loop_devices(count=LOOP_DEVICES, wait=5.0):
+    """The nodes /dev/loop0..count-1, each created (LOOP_CTL_ADD) where
+    missing; devtmpfs makes the nodes, waited for up to ``wait`` s."""
+    paths = ["/dev/loop%d" % n for n in range(count)]
+    missing = [n for n, p in enumerate(paths) if not os.path.exists(p)]
+    if missing:
+        fd = os.open(LOOP_CONTROL, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for n in missing:
+                try:
+                    fcntl.ioctl(fd, LOOP_CTL_ADD, n)
+                except OSError as exc:
+                    if exc.errno != errno.EEXIST:  # another boot added it meanwhile
+                        raise lab.LabError("cannot add loop device %d: %s" % (n, exc.strerror))
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + wait
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            raise lab.LabError("loop device nodes missing after LOOP_CTL_ADD: %s"
+                               % ", ".join(p for p in paths if not os.path.exists(p)))
+        time.sleep(0.01)
+    return paths
 
 
 class Guest(object):
@@ -260,7 +300,8 @@ class Guest(object):
                   'echo $$ > "$CHV_LAB_PIDFILE"; exec "$@"')
         cmd = [self.m.get_bin_path("setsid", required=True), "-f", "/bin/sh", "-c", script, "sh", self.console,
                nspawn, "-b", "-D", self.root, "-M", self.name, "--register=no", "--keep-unit",
-               "--network-veth", "--resolv-conf=off", "--timezone=off", "--link-journal=no"]
+               "--network-veth", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
+               "--bind=" + LOOP_CONTROL] + ["--bind=" + dev for dev in loop_devices()]
         env = dict(SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1", CHV_LAB_CGROUPS=" ".join(self.cgroups),
                    CHV_LAB_PIDFILE=pid_file)
         self.run(cmd, environ_update=env)

@@ -32,13 +32,13 @@ def test_paths(host, path, mode):
 
 
 def test_workspaces_belong_to_cell_root(host, policy):
-    # cell root's, setgid to the agent group (the executor reads results, never writes)
-    gid = int(host.check_output("getent group %s", policy["agent_user"]).split(":")[2])
+    # each the slot's own: its cell root's uid and gid, 0700, no group shared with the agent user or another
+    # slot (the executor reads results with chv-cell read: test_executor.py)
     with host.sudo():
         for s in policy["slots"]:
             for root in (policy["workspace_root"], policy["agent_state_root"]):
                 f = host.file("%s/%s" % (root, s["name"]))
-                assert f.is_directory and f.uid == s["uid_base"] and f.gid == gid and f.mode == 0o2750, f.path
+                assert f.is_directory and f.uid == s["uid_base"] and f.gid == s["uid_base"] and f.mode == 0o700, f.path
 
 
 def test_all_slots_at_once_then_one_more(host, policy):

@@ -86,11 +86,14 @@ def test_host_py_runs_unmodified_over_ssh(host, executor):
     assert state["home"] == HOME and state["user"] == AGENT and state["stdin"] == "hello from the executor"
     assert state["ping"] == {"ok": True, "result": {"pong": True, "slot": state["slot"]}}, state
     assert state["title"] == "Executor page"
-    # results are readable by the agent user outside the cell, where docs/executor.md says
+    # results reach the agent user outside the cell through chv-cell read, as docs/executor.md says; the
+    # slot directories themselves are the slot's own (a plain cat is denied)
     slot = state["slot"]
-    saved = json.loads(over_ssh(executor, "cat /var/lib/chv-fleet/agent-state/%s/.codex/host-state.json" % slot).stdout)
+    saved = json.loads(over_ssh(executor, "chv-cell read --slot %s %s/.codex/host-state.json" % (slot, HOME)).stdout)
     assert saved["slot"] == slot
-    assert over_ssh(executor, "cat /var/lib/chv-fleet/workspaces/%s/result.txt" % slot).stdout == "done by %s\n" % slot
+    assert over_ssh(executor, "chv-cell read --slot %s /workspace/result.txt" % slot).stdout == "done by %s\n" % slot
+    denied = over_ssh(executor, "cat /var/lib/chv-fleet/workspaces/%s/result.txt" % slot)
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr
 
 
 def test_with_a_tty_the_exit_code_still_comes_back(host, executor):

@@ -134,6 +134,9 @@ def run_site(vms, log_name):
             "chv_broker_browser_timeout": 300, "chv_browser_request_timeout": 300,
             # the denied stand-in (NET-05 of the audit)
             "cell_nat_egress_deny": [{"cidr": DENIED.split(":")[0] + "/32", "comment": "the VM test's denied stand-in"}],
+            # the allowed stand-in is in qemu's 10.0.2.0/24, denied by default: a carve-out (its
+            # resolver 10.0.2.3, from DHCP, is read by the role and accepted on port 53 only)
+            "cell_nat_egress_allow": [{"cidr": ALLOWED.split(":")[0] + "/32", "comment": "the VM test's allowed stand-in"}],
         }
         if os.path.isdir(wheels):
             group_vars["chv_browser_wheel_dir"] = wheels

@@ -169,6 +169,8 @@ class Broker:
         if not isinstance(config["sync"]["mounts"], list):
             raise ValueError("sync.mounts (chv_broker_sync_mounts) must be a list")
         try:
+            if any(str(p).startswith("BindPaths=") for p in config["sync"]["mounts"]):
+                raise ValueError("BindPaths= is chv-broker's own (the slot's workspace)")
             jail_plan(config["sync"]["mounts"])
             sync_mount_properties(config["sync"], config["workspaces_dir"],
                                   os.path.join(config["workspaces_dir"], "slot"))

@@ -376,6 +376,8 @@ class Broker:
         except Exception as exc:
             fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
         finally:
+            if isinstance(admitted, wire.Hold):
+                admitted.release()  # the slot's connection ends here (released once: serve_connections too)
             fields["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
             audit(self.log, AUDIT_EVENT, **fields)
 

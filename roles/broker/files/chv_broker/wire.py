@@ -232,9 +232,9 @@ def serve_connections(listener, stop, max_connections, handle, busy_message, on_
         except Busy as exc:
             if admitted is not None and hasattr(admitted, "release"):
                 admitted.release()
-            refuse(conn, str(exc))
-            if on_busy:
+            if on_busy:  # audited before the peer can see the refusal
                 on_busy(exc)
+            refuse(conn, str(exc))
             continue
 
         def run(c=conn, a=admitted):
@@ -253,9 +253,9 @@ def serve_connections(listener, stop, max_connections, handle, busy_message, on_
             if admitted is not None and hasattr(admitted, "release"):
                 admitted.release()
             slots.release()
-            refuse(conn, busy_message)
             if on_busy:
                 on_busy(Busy(busy_message, "max_connections", max_connections))
+            refuse(conn, busy_message)
 
 
 def listener_from_env(environ):

@@ -1,0 +1,290 @@
+"""Door capacity accounting (wire.SlotQuota, wire.global_cap, wire.serve_connections'
+admit step) and chv-broker's use of it; and the broker's and browser's defaults agreeing
+across server.py DEFAULTS, defaults/main.yml, meta/argument_specs.yml and the JSON template."""
+import copy
+import io
+import json
+import os
+import re
+import socket
+import threading
+import time
+
+import pytest
+import yaml
+from hypothesis import given, strategies as st
+
+from broker_helpers import FILES  # noqa: F401  # pylint: disable=unused-import  (chv_broker on sys.path)
+from testpaths import BROWSER_FILES, ROOT
+from chv_broker import server, wire
+from chv_broker.peer import PeerRejected
+
+if BROWSER_FILES not in __import__("sys").path:
+    __import__("sys").path.insert(0, BROWSER_FILES)
+from chv_browser import server as bserver  # noqa: E402
+
+
+# ------------------------------------------------------------------ SlotQuota
+
+@given(st.lists(st.tuples(st.sampled_from(["acquire", "release"]), st.sampled_from(["slot0", "slot1", "slot2"])),
+                max_size=60), st.integers(1, 4))
+def test_a_slot_holds_at_most_its_quota_and_never_another_slots(ops, limit):
+    quota = wire.SlotQuota("max_connections_per_slot", limit, "connections open")
+    model, holds = {}, {}
+    for op, slot in ops:
+        if op == "acquire":
+            if model.get(slot, 0) < limit:
+                holds.setdefault(slot, []).append(quota.acquire(slot))
+                model[slot] = model.get(slot, 0) + 1
+            else:
+                with pytest.raises(wire.Busy) as busy:
+                    quota.acquire(slot)
+                assert (busy.value.quota, busy.value.limit, busy.value.slot) == ("max_connections_per_slot", limit, slot)
+                assert str(busy.value).startswith("busy: slot %s is at its quota of %d connections open "
+                                                  "(max_connections_per_slot)" % (slot, limit))
+        elif holds.get(slot):
+            hold = holds[slot].pop()
+            hold.release()
+            hold.release()  # given back once only
+            model[slot] -= 1
+        assert {s: quota.held(s) for s in ("slot0", "slot1", "slot2")} == {
+            s: model.get(s, 0) for s in ("slot0", "slot1", "slot2")}
+    assert quota.total() == sum(model.values())
+
+
+def test_a_slot_at_its_quota_leaves_the_others_theirs():
+    quota = wire.SlotQuota("max_requests_per_slot", 2, "requests in flight")
+    held = [quota.acquire("slot0"), quota.acquire("slot0")]
+    with pytest.raises(wire.Busy):
+        quota.acquire("slot0")
+    with quota.acquire("slot1") as hold:  # control: another slot is admitted
+        assert hold.slot == "slot1" and quota.held("slot1") == 1
+    assert quota.held("slot1") == 0
+    held[0].release()
+    quota.acquire("slot0")  # and slot0 again once one of its own has ended
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "4", None])
+def test_a_quota_below_one_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match="max_requests_per_slot must be an integer of at least 1"):
+        wire.SlotQuota("max_requests_per_slot", bad, "requests in flight")
+
+
+@given(st.integers(1, 500), st.integers(0, 64), st.integers(1, 16))
+def test_the_global_cap_leaves_room_for_every_slot_at_its_quota(configured, slots, per_slot):
+    cap = wire.global_cap(configured, slots, per_slot)
+    assert cap >= configured
+    if slots:
+        assert cap >= (slots + 1) * per_slot  # all slots at quota, one slot's worth left
+    assert cap == max(configured, (slots + 1) * per_slot if slots else 0)
+
+
+# ------------------------------------------------------------------ serve_connections' admit step
+
+class Door:
+    """serve_connections on a real Unix socket; ``admit`` charges each connection to the next
+    slot of ``order`` (the test connects in that order); ``handle`` holds every connection until
+    ``release`` is set, then answers its slot."""
+
+    def __init__(self, tmp_path, order, max_connections=100, per_slot=2):
+        self.path = str(tmp_path / "door.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(64)
+        self.order = list(order)
+        self.quota = wire.SlotQuota("max_connections_per_slot", per_slot, "connections open")
+        self.busy, self.release, self.stop = [], threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=wire.serve_connections, daemon=True, args=(
+            self.listener, self.stop, max_connections, self.handle, "busy: global (max_connections)"),
+            kwargs={"on_busy": self.busy.append, "admit": self.admit})
+        self.thread.start()
+
+    def admit(self, conn):  # pylint: disable=unused-argument
+        return self.quota.acquire(self.order.pop(0))
+
+    def handle(self, conn, hold):
+        with conn:
+            self.release.wait(30)
+            wire.send_quietly(conn, wire.ok(hold.slot))
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(self.path)
+        return s
+
+    def close(self):
+        self.release.set()
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def released(quota):
+    """Whether every hold of ``quota`` is given back (handler threads release just after replying)."""
+    for dummy in range(600):
+        if quota.total() == 0:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _reply(s):
+    return wire.parse_object(wire.read_line(s, 65536, 30))
+
+
+def test_the_accept_loop_refuses_a_slot_over_its_quota_and_admits_another(tmp_path):
+    door = Door(tmp_path, ["slot0"] * 5 + ["slot1"])
+    try:
+        conns = [door.connect() for dummy in range(6)]
+        # the refusals come from the accept loop itself, while the admitted ones are held
+        for s in conns[2:5]:
+            rep = _reply(s)
+            assert rep["ok"] is False and "slot slot0 is at its quota of 2" in rep["error"], rep
+        assert [(b.slot, b.quota) for b in door.busy] == [("slot0", "max_connections_per_slot")] * 3
+        door.release.set()
+        assert [_reply(s) for s in conns[:2]] == [wire.ok("slot0")] * 2
+        assert _reply(conns[5]) == wire.ok("slot1")
+        for s in conns:
+            s.close()
+    finally:
+        door.close()
+    assert released(door.quota)  # every admitted connection gave its quota back
+
+
+def test_the_global_cap_is_a_backstop_behind_the_slot_quotas(tmp_path):
+    door = Door(tmp_path, ["slot0", "slot1", "slot2"], max_connections=2, per_slot=2)
+    try:
+        conns = [door.connect() for dummy in range(3)]
+        rep = _reply(conns[2])
+        assert rep == wire.err("busy: global (max_connections)")
+        assert [(b.slot, b.quota) for b in door.busy] == [(None, "max_connections")]
+        door.release.set()
+        assert [_reply(s) for s in conns[:2]] == [wire.ok("slot0"), wire.ok("slot1")]
+        for s in conns:
+            s.close()
+    finally:
+        door.close()
+    assert released(door.quota)  # the refused one's slot quota was given back too
+
+
+# ------------------------------------------------------------------ chv-broker
+
+class FakePeers:
+    def __init__(self, slot):
+        self.slot = slot
+
+    def identify(self, conn):  # pylint: disable=unused-argument
+        if self.slot is None:
+            raise PeerRejected("uid outside every live cell's range", 7, 7)
+        return {"slot": self.slot, "pid": 2, "uid_base": 100000, "uid_size": 65536}
+
+
+def _broker(**over):
+    log = io.StringIO()
+    b = server.Broker(server.merge(copy.deepcopy(server.DEFAULTS), over), log=log)
+    return b, log
+
+
+def test_the_broker_counts_connections_against_the_slot_its_peer_check_found():
+    b, dummy = _broker()
+    b.peers = FakePeers("slot0")
+    holds = [b.admit(None) for dummy in range(4)]
+    assert [h.data["slot"] for h in holds] == ["slot0"] * 4
+    with pytest.raises(wire.Busy, match=r"slot slot0 is at its quota of 4 connections open \(max_connections_per_slot\)"):
+        b.admit(None)
+    b.peers = FakePeers("slot1")
+    assert b.admit(None).slot == "slot1"  # control
+    b.peers = FakePeers(None)
+    assert isinstance(b.admit(None), PeerRejected)  # a rejected peer is counted against no slot
+    assert b.connections.total() == 5
+
+
+def test_the_broker_refuses_a_request_over_the_slots_quota_and_audits_it():
+    b, log = _broker(max_requests_per_slot=1)
+    b.peers = FakePeers("slot0")
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_ping(cell, req):  # pylint: disable=unused-argument
+        entered.set()
+        release.wait(30)
+        return {"pong": True, "slot": cell["slot"]}
+    b.ops["ping"] = slow_ping
+    first, first_peer = socket.socketpair()
+    second, second_peer = socket.socketpair()
+    t = threading.Thread(target=b.handle, args=(first, b.admit(first)), daemon=True)
+    first_peer.sendall(b'{"op": "ping"}\n')
+    t.start()
+    assert entered.wait(30)
+    second_peer.sendall(b'{"op": "ping"}\n')
+    b.handle(second, b.admit(second))
+    rep = _reply(second_peer)
+    assert rep["ok"] is False and rep["error"].startswith(
+        "busy: slot slot0 is at its quota of 1 requests in flight (max_requests_per_slot)"), rep
+    release.set()
+    t.join(30)
+    assert _reply(first_peer) == wire.ok({"pong": True, "slot": "slot0"})  # control
+    lines = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert [(e["verdict"], e.get("quota"), e.get("limit"), e["slot"]) for e in lines] == [
+        ("busy", "max_requests_per_slot", 1, "slot0"), ("ok", None, None, "slot0")]
+    assert b.requests.total() == 0 and b.connections.total() == 0
+
+
+@pytest.mark.parametrize("key", ["max_connections_per_slot", "max_requests_per_slot"])
+def test_the_broker_refuses_to_start_with_a_quota_below_one(key):
+    with pytest.raises(ValueError, match="%s must be an integer of at least 1, not 0" % key):
+        _broker(**{key: 0})
+
+
+def test_the_broker_raises_its_global_cap_to_fit_every_slot():
+    assert _broker(slots=2)[0].max_connections == 16 == server.DEFAULTS["max_connections"]
+    assert _broker(slots=16)[0].max_connections == 17 * server.DEFAULTS["max_connections_per_slot"]
+    assert _broker(slots=0)[0].max_connections == 16  # count unknown: as configured
+
+
+# ------------------------------------------------------------------ defaults agree in their four places
+
+def _yaml(*parts):
+    with open(os.path.join(ROOT, "roles", *parts), encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def _template_vars(role, name):
+    """{config key: role variable} of the template's top-level lines `"key": chv_var[ | int|float|bool],`."""
+    with open(os.path.join(ROOT, "roles", role, "templates", name), encoding="utf-8") as fh:
+        text = fh.read()
+    return dict(re.findall(r'^  "(\w+)": (chv_\w+)(?: \| (?:int|float|bool))?,$', text, re.M))
+
+
+# the service's own default differs from the role's on purpose (run without the role: no group, no pin)
+BROWSER_ROLE_ONLY = {"socket_group", "playwright_version"}
+
+
+@pytest.mark.parametrize("role,template,defaults,skip", [
+    ("broker", "broker.json.j2", server.DEFAULTS, set()),
+    ("browser", "browser.json.j2", bserver.DEFAULTS, BROWSER_ROLE_ONLY),
+])
+def test_each_default_is_the_same_in_its_four_places(role, template, defaults, skip):
+    mapping = _template_vars(role, template)
+    role_defaults = _yaml(role, "defaults", "main.yml")
+    specs = _yaml(role, "meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
+    for key in ("max_connections", "max_requests_per_slot"):  # the door quotas are among the checked keys
+        assert key in mapping
+    checked = {}
+    for key, var in mapping.items():
+        if key in skip:
+            continue
+        assert key in defaults, "%s: %s has no default in server.py" % (template, key)
+        assert var in role_defaults and var in specs, var
+        checked[key] = (defaults[key], role_defaults[var], specs[var]["default"])
+    assert {k: v for k, v in checked.items() if not v[0] == v[1] == v[2]} == {}
+    assert len(checked) >= 5
+
+
+def test_the_agreement_check_sees_a_default_that_differs():
+    """Control: the comparison above fails when one place has another value."""
+    changed = dict(server.DEFAULTS, max_connections_per_slot=server.DEFAULTS["max_connections_per_slot"] + 1)
+    role_defaults = _yaml("broker", "defaults", "main.yml")
+    assert changed["max_connections_per_slot"] != role_defaults["chv_broker_max_connections_per_slot"]
+    assert _template_vars("broker", "broker.json.j2")["max_connections_per_slot"] == \
+        "chv_broker_max_connections_per_slot"

@@ -222,7 +222,7 @@ def fit_task():
     import darwin_render  # pylint: disable=import-outside-toplevel
 
     tasks = darwin_render.role_yaml("cell_runtime", "tasks", "disk.yml")
-    return next(t for t in tasks if t["name"].startswith("Check that the images fit"))
+    return next(t for t in tasks if t["name"].startswith("Check that the slot images fit"))
 
 
 def fit(images, avail, disk_max="1G"):

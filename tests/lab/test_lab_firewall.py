@@ -1,0 +1,121 @@
+"""The lab host's input filter (lab/roles/lab/templates/nat.nft.j2, chain
+input): a guest reaches a listener of the lab host inside the recorded
+test listener range (lab.json listener_ports, role default
+lab_listener_ports) and not one outside it (refused: TCP reset, ICMP port unreachable), in the
+same run.  Boots one
+guest (~1-2 min)."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import threading
+
+import pytest
+
+from labtraces import LAB_ROOT, lab_traces
+from test_lab import playbook
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/systemd-nspawn"),
+                                reason="the lab needs root and systemd-nspawn")
+
+LAB = "lfw"
+NETWORK = "10.99.41.0/24"
+
+# Runs on the guest: connect to each (host, port), read up to 5 bytes.
+CONNECT = r'''
+import json, socket, sys
+out = {}
+for host, port in json.loads(sys.argv[1]):
+    try:
+        s = socket.create_connection((host, port), timeout=4)
+        out[str(port)] = s.recv(5).decode() or "empty"
+        s.close()
+    except OSError as exc:
+        out[str(port)] = type(exc).__name__
+print(json.dumps(out))
+'''
+
+
+def listen(address, port):
+    """A TCP listener on (address, port) answering every connection with b"hello"."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((address, port))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, dummy = srv.accept()
+            except OSError:
+                return
+            conn.sendall(b"hello")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def free_port(address, lo, hi):
+    for port in range(lo, hi + 1):
+        s = socket.socket()
+        try:
+            s.bind((address, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise AssertionError("no free port in %d-%d" % (lo, hi))
+
+
+@pytest.fixture(scope="module")
+def lab():
+    rc, out, raw = playbook("lab_up.yml", "lab_name=" + LAB, "lab_count=1", "lab_network=" + NETWORK,
+                            "lab_browser_wheels=false")
+    try:
+        assert rc == 0, raw[-3000:]
+        with open(os.path.join(LAB_ROOT, LAB, "lab.json")) as fh:
+            yield json.load(fh)
+    finally:
+        playbook("lab_down.yml", "lab_name=" + LAB)
+        assert lab_traces(LAB) == []
+
+
+def on_guest(lab, guest, *argv):
+    cmd = ["ssh", "-i", lab["key"], "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+           "-o", "LogLevel=ERROR", "root@" + guest["address"]] + [" ".join("'%s'" % a.replace("'", "'\\''")
+                                                                         for a in argv)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_guest_reaches_the_lab_host_only_in_the_listener_range(lab):
+    guest = lab["guests"][0]
+    host = guest["host_address"]
+    lo, hi = (int(x) for x in lab["listener_ports"].split("-"))
+    inside_port = free_port(host, lo, hi)
+    outside_port = free_port(host, hi + 1, hi + 1000)
+    low_port = free_port(host, 1024, lo - 1)  # below the range, too
+    servers = [listen(host, p) for p in (inside_port, outside_port, low_port)]
+    try:
+        r = on_guest(lab, guest, "python3", "-I", "-c", CONNECT,
+                     json.dumps([[host, inside_port], [host, outside_port], [host, low_port]]))
+        # the lab host itself reaches all three (the listeners work)
+        local = {p: socket.create_connection((host, p), timeout=4).recv(5) for p in (inside_port, outside_port)}
+    finally:
+        for s in servers:
+            s.close()
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got[str(inside_port)] == "hello"  # control: in the range (and SSH replies came back)
+    # refused by the lab host's input chain (a listener is there: see local)
+    assert got[str(outside_port)] == "ConnectionRefusedError" and got[str(low_port)] == "ConnectionRefusedError", got
+    assert local == {inside_port: b"hello", outside_port: b"hello"}
+    # the drop is the lab table's input chain
+    table = "chv_lab_" + LAB
+    listing = subprocess.run(["nft", "list", "chain", "ip", table, "input"], capture_output=True, text=True,
+                             check=True).stdout
+    assert "th dport %s accept" % lab["listener_ports"] in listing
+    assert re.search(r"meta l4proto tcp counter packets [1-9][0-9]* bytes [0-9]+ reject with tcp reset", listing), listing

@@ -643,8 +643,10 @@ def enter_jail(jail):
             raise JailError("the sync worker's mount namespace could not be made: %s: %s%s"
                             % (what, os.strerror(err), hint))
 
+    def enc(value):
+        return value.encode() if isinstance(value, str) else value
+
     def mount(src, target, fstype, flags, data=None):
-        enc = lambda v: v.encode() if isinstance(v, str) else v  # noqa: E731
         call("mount %s" % target, libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)))
 
     uid, gid, workspace = int(jail["uid"]), int(jail["gid"]), jail["workspace"]

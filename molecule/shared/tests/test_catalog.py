@@ -35,6 +35,9 @@ NOT_APPLICABLE = {"FS-01", "FS-03"}
 PROVEN = {"FS-02", "FS-04", "FS-05", "ID-03/04", "ID-07", "NET-02", "NET-03", "NET-04", "NET-05", "BRW-01",
           "BRW-02", "BRW-03"}
 COUNTER_PROOF = SCENARIO == "fleet"
+# fixed ports inside the lab host's listener range (lab.json listener_ports,
+# docs/lab.md): the lab host refuses guests anything else
+ALLOW_PORT, DENY_PORT = 18770, 18771
 
 
 def run_audit(host, counter_proof, runs=100):
@@ -46,7 +49,7 @@ def run_audit(host, counter_proof, runs=100):
             # replace, not add: a run killed before its cleanup left the
             # address behind, and the next run's add failed on it (EEXIST)
             subprocess.run(["ip", "addr", "replace", DENIED + "/32", "dev", "lo"], check=True)
-        with HelloServer(lab) as allow, HelloServer(DENIED or lab) as deny:
+        with HelloServer(lab, ALLOW_PORT) as allow, HelloServer(DENIED or lab, DENY_PORT) as deny:
             argv = ["chv-cell audit --json --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, allow.port),
                     "--allow-url http://%s:%d/" % (lab, allow.port), "--trusted /etc/chv-fleet/nft/cell-nat.nft",
                     "--report-dir %s --label scenario=%s" % (REPORTS, SCENARIO)]

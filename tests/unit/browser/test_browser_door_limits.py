@@ -129,3 +129,9 @@ def test_the_global_cap_fits_every_slot_at_its_quota(slots, expected):
 def test_a_quota_below_one_is_refused():
     with pytest.raises(ValueError, match="max_requests_per_slot must be an integer of at least 1, not 0"):
         server.Server(dict(server.DEFAULTS, max_requests_per_slot=0), Recorder())
+
+
+def test_the_service_refuses_to_start_with_a_quota_below_one():
+    assert server.config_problem(dict(server.DEFAULTS)) is None  # control
+    assert server.config_problem(dict(server.DEFAULTS, max_requests_per_slot=0)) == \
+        "max_requests_per_slot must be an integer of at least 1, not 0"

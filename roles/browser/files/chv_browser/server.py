@@ -141,7 +141,7 @@ def load_config(path):
 
 def config_problem(cfg):
     """What is wrong with the configuration's values that the service checks itself, or None."""
-    for key in ("shots_keep", "shots_max_bytes"):
+    for key in ("shots_keep", "shots_max_bytes", "max_requests_per_slot"):
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return "%s must be an integer of at least 1, not %s" % (key, json.dumps(value))

@@ -11,7 +11,7 @@ import pytest
 import broker_helpers  # noqa: F401  # pylint: disable=unused-import  # puts chv_broker on sys.path
 from chv_broker import protocol, server
 
-CELL = {"slot": "slot0", "uid_base": 100000, "uid_size": 65536}
+CELL = {"slot": "slot0", "pid": 4242, "uid_base": 100000, "uid_size": 65536}
 
 
 def broker(**over):
@@ -141,3 +141,48 @@ def test_audit_to_a_closed_stream_is_not_an_error():
     out = io.StringIO()
     out.close()
     protocol.audit(out, "chv-broker.audit", verdict="ok")  # raises nothing
+
+
+def test_browser_requests_name_the_run_they_are_for(tmp_path):
+    """chv-broker forwards the cell's incarnation (leader pid and start time of the root-owned
+    record), so chv-browser can close a context an earlier run of the slot made."""
+    import socket
+    import threading
+
+    from chv_broker import peer
+
+    path = str(tmp_path / "browser.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+    got = []
+
+    def serve(n):
+        for dummy in range(n):
+            conn, dummy_addr = srv.accept()
+            with conn:
+                got.append(json.loads(conn.makefile("rb").readline()))
+                conn.sendall(b'{"ok": true, "result": {}}\n')
+    t = threading.Thread(target=serve, args=(2,), daemon=True)
+    t.start()
+    b = broker(browser={"socket": path, "timeout": 5.0})
+    run1 = dict(CELL, pid=4242, started=1764645000.123)
+    run2 = dict(CELL, pid=4242, started=1764645007.5)  # the same pid, reused by the next run
+    for cell in (run1, run2):
+        assert b.dispatch(cell, {"op": "browser", "action": "snapshot"}) == {}
+    t.join(5)
+    srv.close()
+    assert [r["cell"] for r in got] == ["4242.1764645000123", "4242.1764645007500"]
+    assert got[0]["slot"] == "slot0" and got[0]["action"] == "snapshot"
+    assert peer.incarnation({"pid": 7}) == "7"  # a record without its start time: the pid alone
+
+
+def test_cell_records_carry_their_start_time_to_the_broker(tmp_path):
+    from chv_broker import peer
+
+    rec = {"slot": "slot0", "pid": 4242, "uid_base": 100000, "uid_size": 65536, "started": 1764645000.123}
+    (tmp_path / "slot0.json").write_text(json.dumps(rec))
+    (tmp_path / "slot1.json").write_text(json.dumps(dict(rec, slot="slot1", started="soon")))
+    cells = peer.load_cells(str(tmp_path))
+    assert cells[0]["started"] == 1764645000.123
+    assert "started" not in cells[1]  # not a number: left out, the record still counts

@@ -90,7 +90,8 @@ def pid_namespace(pid, proc="/proc"):
 def load_cells(cells_dir):
     """Read every live cell record; malformed records are skipped.
 
-    Returns a list of dicts with slot, pid, uid_base, uid_size.
+    Returns a list of dicts with slot, pid, uid_base, uid_size (and started, the
+    launcher's start time, where the record has it).
     """
     cells = []
     try:
@@ -113,8 +114,21 @@ def load_cells(cells_dir):
             continue
         if pid <= 1 or base < 0 or size <= 0:
             continue
-        cells.append({"slot": slot, "pid": pid, "uid_base": base, "uid_size": size})
+        cell = {"slot": slot, "pid": pid, "uid_base": base, "uid_size": size}
+        started = rec.get("started")
+        if isinstance(started, (int, float)) and not isinstance(started, bool) and started > 0:
+            cell["started"] = started
+        cells.append(cell)
     return cells
+
+
+def incarnation(cell):
+    """Which run of its slot a cell is, as chv-browser's "cell" field: the leader's pid and
+    the launcher's start time from the root-owned record (nothing a cell writes). Two runs
+    of one slot never share it, even when a pid is reused."""
+    if "started" in cell:
+        return "%d.%d" % (cell["pid"], round(cell["started"] * 1000))
+    return "%d" % cell["pid"]
 
 
 def match_cell(pid, uid, cells, ns_of=pid_namespace):

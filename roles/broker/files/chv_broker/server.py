@@ -14,7 +14,7 @@ import time
 import uuid
 
 from . import wire
-from .peer import PeerChecker, PeerRejected
+from .peer import PeerChecker, PeerRejected, incarnation
 from .protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
                        url_scheme_allowed)
 from .syncrun import HOSTS_VAR, jail_plan, parse_host_entry
@@ -306,6 +306,10 @@ class Broker:
             raise OpError("only %s URLs may be opened" % " and ".join(URL_SCHEMES))
         with self._lock:
             self.slots_seen.add(cell["slot"])
+        # the run the request is for: chv-browser closes a context made for an earlier run
+        # of the slot instead of serving it (a request that passed this check before its
+        # cell ended and reaches chv-browser after the launcher's "end")
+        fwd["cell"] = incarnation(cell)
         bcfg = self.cfg["browser"]
         try:
             reply = wire.call(bcfg["socket"], fwd, bcfg["timeout"])

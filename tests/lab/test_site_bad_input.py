@@ -160,6 +160,8 @@ BAD_INPUT = [
     pytest.param({"chv_cell_slots": 0}, None, "chv_cell_slots 0 must be a count >= 1", id="slots-zero"),
     pytest.param({"chv_broker_max_request_bytes": 10}, None, "chv_broker_max_request_bytes 10 must be >= 1024",
                  id="broker-request-bytes"),
+    pytest.param({"chv_browser_pages_per_slot": 0}, None, "chv_browser_pages_per_slot must be at least 1, not 0",
+                 id="browser-pages-per-slot"),
     pytest.param({"chv_browser_chromium_args": ["--no-sandbox"]}, None,
                  'chv_browser_chromium_args(_default, _group, _host) (has [\\"--no-sandbox\\"]',
                  id="browser-no-sandbox"),

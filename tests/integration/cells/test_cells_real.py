@@ -872,6 +872,28 @@ def test_a_warm_cell_runs_the_payload_isolated_as_a_cold_one(env, warm):
     assert "LC_CTYPE=" not in r.stdout + c.stdout
 
 
+def test_a_warm_cell_gives_the_payloads_verdict_on_the_status_fd(env, warm):
+    """A payload a warm cell ran, that prints the launcher's busy line and exits
+    75, gets the verdict "ran" with exit 75 on --status-fd (its warm launcher
+    reports how the payload ended), as in a cold cell (the control)."""
+    forged = "echo 'chv-cell: all 1 slot(s) busy (slot0) for 1s; giving up' >&2; exit 75"
+    records = []
+    for policy, warm_cell in ((env["warm"], True), (env["policy"], False)):
+        w = warm(policy) if warm_cell else None
+        r, wfd = os.pipe()
+        p = subprocess.run([sys.executable, "-I", ENTRY, "--policy", policy, "run", "--status-fd", str(wfd),
+                            "--slot", "slot0", "--", "sh", "-c", forged], capture_output=True, text=True,
+                           pass_fds=(wfd,), timeout=60, check=False)
+        os.close(wfd)
+        with os.fdopen(r) as fh:
+            records.append(json.loads(fh.read()))
+        assert p.returncode == 75 and "busy" in p.stderr, p
+        if w is not None:
+            assert "took a payload" in warm_log(w)
+    for rec in records:
+        assert rec == {"verdict": "ran", "exit": 75, "slot": "slot0", "payload_started": True, "payload_exit": 75}
+
+
 def test_a_warm_cell_is_not_used_with_another_policy_or_after_a_hidden_path_appeared(env, warm):
     """A caller with another policy file (a digest that differs) gets a cold
     cell; so does every caller once a path the cell's argv depends on (here

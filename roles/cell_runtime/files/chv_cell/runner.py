@@ -506,8 +506,9 @@ def status_record(rc, stage, slot=None, payload_started=False, payload_exit=None
     ``stage``: how far the run got: "config" (refused before anything was
     claimed), "setup" (failed before a slot was held), "busy", "signal"
     (stopped while waiting for a slot), "claimed" (a cold cell in ``slot``)
-    or "warm" (a warm cell took it; its launcher does not report the
-    payload's end, so the verdict is "unknown").  For "claimed": "ran" when
+    or "warm" (a warm cell took it and its launcher did not report how the
+    payload ended, as an older launcher does not: the verdict is "unknown";
+    one that reported it is judged as "claimed").  For "claimed": "ran" when
     the payload ended by itself and ``rc`` is its exit code; "runtime" when
     runtime_max stopped it; "signal" when a signal or a hang-up stopped the
     run; "setup" otherwise (the payload did not start, or the cell's
@@ -596,6 +597,9 @@ class Launcher:
         self.claimed_slot = None
         self.payload_started = False
         self.payload_exit = None
+        # set by warm.handover when a warm cell took the payload and its
+        # launcher reported how the payload ended (payload_exit in its reply)
+        self.warm_reported = False
 
     def debug(self, msg):
         if self.verbose:
@@ -1108,8 +1112,11 @@ class Launcher:
                 self.stage = "signal"
                 return 128 + exc.signum
             if isinstance(claimed, int):
-                self.stage = "warm"
-                return claimed  # a warm cell ran the payload
+                # a warm cell ran the payload: its launcher's report is the verdict's
+                # ground, as a cold run's own ("claimed"); one that did not report
+                # how the payload ended (an older launcher) leaves it unknown
+                self.stage = "claimed" if self.warm_reported else "warm"
+                return claimed
             name, held = claimed
             slot = next(s for s in slots if s["name"] == name)
             self.stage, self.claimed_slot = "claimed", name

@@ -22,8 +22,10 @@ Messages are JSON over SOCK_SEQPACKET.  Caller -> warm: {"argv": [...],
 "runtime_max": S or null, "caller": text or null, "policy": the digest of
 the caller's policy (policy_digest)} with three fds, then
 {"signal": N} at most once.  Warm -> caller: {"started": true} or
-{"retry": why} (try another cell, or a cold start) or {"exit": N, "error":
-text} (the run's end, or a refusal: nothing ran)."""
+{"retry": why} (try another cell, or a cold start) or {"exit": N,
+"payload_exit": N or null, "error": text} (the run's end: payload_exit is
+the payload's own exit code when it ended by itself, the ground of the
+caller's --status-fd verdict; or a refusal: nothing ran)."""
 
 import array
 import hashlib
@@ -261,7 +263,9 @@ class WarmCell(runner.Launcher):
 
     def report(self, rc):
         if self.conn is not None:
-            _send(self.conn, {"exit": rc})
+            # payload_exit: the payload's own exit code when it ended by itself
+            # (None when the launcher stopped it or failed); the caller's verdict
+            _send(self.conn, {"exit": rc, "payload_exit": self.payload_exit})
             self.conn.close()
             self.conn = None
         for fd in self._watch:
@@ -351,6 +355,7 @@ def handover(launcher, names, req, t0):
                     runner.log("slot %s: %s" % (name, reply["error"]))
                 return _exit_code(reply)
             launcher.debug("slot %s: warm cell took the payload %.3fs after start" % (name, time.monotonic() - t0))
+            launcher.claimed_slot, launcher.payload_started = name, True
             return _wait(launcher, sock, name)
     finally:
         for fd in stdio:
@@ -400,6 +405,10 @@ def _wait(launcher, sock, name):
                     return runner.EXIT_SETUP
                 if reply.get("error"):
                     runner.log("slot %s: %s" % (name, reply["error"]))
+                if "payload_exit" in reply:
+                    pe = reply["payload_exit"]
+                    launcher.payload_exit = pe if isinstance(pe, int) and not isinstance(pe, bool) else None
+                    launcher.warm_reported = True
                 return _exit_code(reply)
     finally:
         sock.close()

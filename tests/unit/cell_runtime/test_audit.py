@@ -68,25 +68,78 @@ def good_facts(policy, broker_client):
                    "unknown": {"rc": 1, "out": '{"ok": false, "error": "unknown op"}', "err": ""},
                    "ping_after": {"rc": 0, "out": '{"ok": true, "op": "ping"}', "err": ""}},
     }
+    nonce = "0badcafe"
+    ping_ok = {"rc": 0, "out": '{"ok": true, "result": {"pong": true, "slot": "%s"}}' % b_slot["name"], "err": ""}
+    sent = audit.cookie_sent(nonce)
+
+    def page_reply(heading, shown):
+        result = {"title": heading, "url": "http://10.99.20.1:18770/chv-audit-cookie?v=" + nonce, "status": 200,
+                  "truncated": False, "aria_snapshot": '- heading "%s" [level=1]\n- heading "sent:[%s]" [level=2]'
+                  % (heading, shown)}
+        return {"rc": 0, "err": "", "out": json.dumps({"ok": True, "result": result})}
+    busy = ("busy: slot %s is at its quota of 4 connections open (max_connections_per_slot); retry when one has ended"
+            % a_slot["name"])
+    a["kernel"]["families"] = {
+        "allowed": {"AF_UNIX": "ok", "AF_INET": "ok", "AF_INET6": "ok", "AF_NETLINK": "ok"},
+        "denied": {"AF_VSOCK": "EAFNOSUPPORT", "AF_PACKET": "EAFNOSUPPORT", "AF_XDP": "EAFNOSUPPORT"},
+        "vsock_bind": "socket: EAFNOSUPPORT", "high_bits": "EAFNOSUPPORT"}
+    a["tcp"]["special"] = "TimeoutError"
+    a["browser"]["denied"]["special"] = refused_open
+    a["disk"] = {"size": 62 << 20, "free": 50 << 20, "asked": 51 << 20, "small": "ok", "big": "ENOSPC",
+                 "big_seconds": 0.01}
+    a["plant"] = {"file": "ok", "shadow": "ok", "fifo": "ok", "other_slot": "ok"}
+    a["cookie"] = [page_reply("chv-audit-cookie", ""), page_reply("chv-audit-cookie", sent)]
+    sync_refused = {"rc": 1, "err": "", "out": json.dumps(
+        {"ok": False, "error": "sync rejected: symbolic link in the git directory: .git/packed-refs"})}
+    a["sync"] = {"setup": {"clean": "ok", "packed_refs": "ok", "alternates": "ok"},
+                 "replies": {"clean": {"rc": 0, "err": "", "out": json.dumps(
+                     {"ok": True, "result": {"action": "status", "returncode": 0, "stdout": "## No commits yet on main\n",
+                                             "stderr": "", "truncated": False}})},
+                             "packed_refs": sync_refused,
+                             "alternates": {"rc": 1, "err": "", "out": json.dumps(
+                                 {"ok": False, "error": "sync rejected: .git/objects/info/alternates is not allowed"})}}}
+    a["quota"] = {"replies": ["idle"] * 4 + ['{"ok": false, "error": "%s"}' % busy] * 2, "go": True, "still_held": 4,
+                  "ping_after": {"rc": 0, "err": "", "out": '{"ok": true, "result": {"pong": true}}'},
+                  "ping_attempts": 1}
     refused = {"rc": 1, "out": '{"ok": false, "error": "peer is not a cell"}', "err": ""}
+    read_refused = {"rc": 65, "out": "", "err": "chv-cell read: refused: a symbolic link", "seconds": 0.05}
     guest = {
         "etc_chv_readable": True, "workspace_write_seen": True, "etc_write_seen": False, "trusted_changed": [],
         "marker_alive": True, "b_seen_running": True,
         "counters_moved": {"drop_cell_to_cell": 2, "drop_cell_to_guest": 6, "drop_denied": 2,
-                           "drop_ipv6": 1, "drop_door_to_guest": 4, "drop_door_to_cell": 1},
+                           "drop_ipv6": 1, "drop_door_to_guest": 4, "drop_door_to_cell": 1, "drop_special_range": 2},
         "listener_seen": [], "b_listener_seen": [],
         "reach": {"10.99.20.2": "connected: hello", b_slot["gateway"]: "connected: hello",
                   "metadata": "connected: hello", "10.99.20.1:18770": "connected: hello",
-                  "192.0.2.10:80": "connected: hello"},
+                  "192.0.2.10:80": "connected: hello", "special": "connected: hello"},
         "broker_root": refused, "broker_cell_uid": refused,
         "left_behind": [], "runs": [0] * 5, "runtime": {"control_rc": 0, "limited_rc": runner.EXIT_RUNTIME},
         "tasks": {"limit": 64, "control": 4, "started": 63},
-        "busy": {"slots": 2, "running": 2, "all_ran": True, "extra_rc": runner.EXIT_BUSY},
+        "busy": {"slots": 2, "running": 2, "all_ran": True, "extra_rc": runner.EXIT_BUSY,
+                 "extra_record": {"exit": 75, "payload_exit": None, "payload_started": False, "slot": None,
+                                  "verdict": "busy"}},
         "sigkill": {"started": True, "after_rc": 0},
+        "vsock_guest": "ok",
+        "disk": {"limit": 64 << 20, "disk_max": "64M", "own_device": True, "root_drop": 8192},
+        "read": {"file": {"rc": 0, "out": audit.marker("read", nonce), "err": "", "seconds": 0.05},
+                 "shadow": dict(read_refused), "fifo": dict(read_refused), "other_slot": dict(read_refused)},
+        "shadow_words": ["root:", "daemon:"],
+        "slot_dirs": [{"path": "/var/lib/chv-fleet/%s/%s" % (kind, s["name"]), "uid_base": s["uid_base"],
+                       "uid": s["uid_base"], "gid": s["uid_base"], "mode": "0700", "dir": True}
+                      for s in (a_slot, b_slot) for kind in ("workspaces", "agent-state")],
+        "b_files_readable": True,
+        "quota": {"max_connections_per_slot": 4, "read_timeout": 10.0, "config": "/etc/chv-fleet/broker.json"},
+        "quota_b_ping": ping_ok, "quota_b_ping_seconds": 0.2,
+        "forged": {"rc": 75, "write": "EBADF", "warm": False,
+                   "record": {"exit": 75, "payload_exit": 75, "payload_started": True, "slot": a_slot["name"],
+                              "verdict": "ran"}},
     }
-    return {"nonce": "0badcafe", "policy": policy, "slot_a": a_slot, "slot_b": b_slot, "broker_client": broker_client,
+    run2 = {"snapshot": {"rc": 1, "err": "", "out": json.dumps(
+        {"ok": False, "error": "browser: no page open for this slot; use open first"})},
+        "open": page_reply("chv-audit-cookie", "")}
+    return {"nonce": nonce, "policy": policy, "slot_a": a_slot, "slot_b": b_slot, "broker_client": broker_client,
             "a": a, "b": {"uid_map": ["0", str(b_slot["uid_base"]), "65536"], "self": "connected: hello"},
-            "guest": guest}
+            "guest": guest, "run2": run2}
 
 
 @pytest.fixture
@@ -109,7 +162,7 @@ def test_the_catalog_has_at_least_40_cases_with_unique_ids_by_area():
     assert len(ids) >= 40
     assert len(set(ids)) == len(ids)
     for c in audit.CASES:
-        assert re.match(r"^(FS|ID|SYS|NET|IPC|BRW|LIFE|LIM)-\d\d$", c.id), c.id
+        assert re.match(r"^(FS|ID|SYS|NET|IPC|BRW|TEN|LIFE|LIM)-\d\d$", c.id), c.id
         assert c.title and c.probe and c.control, c.id
 
 
@@ -182,9 +235,44 @@ PROBE_FAILURES = [
     (("a", "browser", "allowed"), {"rc": 0, "err": "", "out": json.dumps(
         {"ok": True, "result": {"title": "chv-audit", "aria_snapshot": '- heading "chv-audit" chv-audit-raw-html'}})},
      "BRW-04"),
+    # TEN: the sync door let a hostile repository through, or a reply carried slot B's text
+    (("a", "sync", "replies", "packed_refs"), {"rc": 0, "err": "", "out": json.dumps(
+        {"ok": True, "result": {"returncode": 0, "stdout": "", "stderr": ""}})}, "TEN-01"),
+    (("a", "sync", "replies", "alternates"), {"rc": 1, "err": "", "out": json.dumps(
+        {"ok": False, "error": "fatal: bad object chv-audit-bstate-0badcafe"})}, "TEN-01"),
+    (("guest", "quota_b_ping"), {"rc": 1, "err": "", "out": json.dumps(
+        {"ok": False, "error": "busy: chv-broker serves at most 16 connections at once (max_connections)"})}, "TEN-02"),
+    (("a", "quota", "replies"), ["idle"] * 6, "TEN-02"),
+    (("a", "quota", "replies"), ["idle"] * 4 + ['{"ok": false, "error": "busy: slot slot1 is at its quota of 4 '
+                                                'connections open (max_connections_per_slot)"}'] * 2, "TEN-02"),
+    (("run2", "snapshot"), {"rc": 0, "err": "", "out": json.dumps(
+        {"ok": True, "result": {"title": "chv-audit-cookie", "aria_snapshot": "- heading"}})}, "TEN-03"),
+    (("run2", "open"), {"rc": 0, "err": "", "out": json.dumps({"ok": True, "result": {
+        "title": "chv-audit-cookie", "aria_snapshot": '- heading "chv-audit-cookie"\n- heading '
+        '"sent:[chv_audit=0badcafe-kept]"'}})}, "TEN-03"),
+    (("a", "kernel", "families", "denied", "AF_VSOCK"), "ok", "TEN-04"),
+    (("a", "kernel", "families", "denied", "AF_PACKET"), "EPERM", "TEN-04"),
+    (("a", "kernel", "families", "vsock_bind"), "ok", "TEN-04"),
+    (("a", "kernel", "families", "high_bits"), "ok", "TEN-04"),
+    (("a", "disk", "big"), "ok", "TEN-05"),
+    (("a", "disk", "size"), 2 << 30, "TEN-05"),
+    (("guest", "disk", "root_drop"), 51 << 20, "TEN-05"),
+    (("a", "tcp", "special"), "connected: hello", "TEN-06"),
+    (("guest", "counters_moved", "drop_special_range"), 0, "TEN-06"),
+    (("a", "browser", "denied", "special"), {"rc": 0, "err": "", "out": '{"ok": true, "result": {}}'}, "TEN-06"),
+    (("guest", "forged", "record"), {"exit": 75, "payload_exit": None, "payload_started": False, "slot": None,
+                                     "verdict": "busy"}, "TEN-07"),
+    (("guest", "forged", "write"), "ok", "TEN-07"),
+    (("guest", "read", "other_slot"), {"rc": 0, "out": "chv-audit-bws-0badcafe\n", "err": "", "seconds": 0.05},
+     "TEN-08"),
+    (("guest", "read", "shadow"), {"rc": 65, "out": "root:*:19000:0:99999:7:::\n", "err": "", "seconds": 0.05},
+     "TEN-08"),
+    (("guest", "read", "fifo"), {"rc": None, "out": "", "err": "no answer within 30 s", "seconds": 30.0}, "TEN-08"),
+    (("guest", "slot_dirs", 0, "mode"), "2750", "TEN-09"),
+    (("guest", "slot_dirs", 3, "gid"), 64321, "TEN-09"),
     (("guest", "left_behind"), ["interface ve-slot0"], "LIFE-01"),
     (("guest", "runs"), [0, 0, 125, 0], "LIFE-02"),
-    (("guest", "busy"), {"slots": 2, "running": 2, "all_ran": True, "extra_rc": 0}, "LIFE-03"),
+    (("guest", "busy", "extra_rc"), 0, "LIFE-03"),
     (("guest", "sigkill"), {"started": True, "after_rc": 75}, "LIFE-04"),
     (("guest", "runtime"), {"control_rc": 0, "limited_rc": 0}, "LIM-01"),
     (("guest", "tasks"), {"limit": 64, "control": 4, "started": 80}, "LIM-02"),
@@ -210,6 +298,79 @@ def test_every_probed_case_has_a_failure_above():
     probed = set(entry[2] for entry in PROBE_FAILURES)
     # ID-02 and ID-03/04 are covered below; IPC-01's failure is its own probe
     assert set(audit.BY_ID) - probed == {"ID-02", "ID-03", "ID-04", "IPC-01"}
+
+
+def test_what_the_tenant_cases_lack_is_a_skip_by_name(facts):
+    """No git, no socket family list, no disk quota, no --special, no vsock on
+    the guest, a broker without the sync op: each its own skip, named."""
+    facts["sync_skip"] = "git on the guest (the sync door's worker and the cell's git init)"
+    facts["families_skip"] = "a socket_families list in the policy (it has 'any': no filter)"
+    del facts["guest"]["disk"]
+    del facts["a"]["tcp"]["special"]
+    facts["quota_skip"] = "a second slot"
+    results = audit.judge(facts)
+    assert not_passing(results) == dict((c, "skip") for c in ("TEN-01", "TEN-02", "TEN-04", "TEN-05", "TEN-06"))
+    assert "git" in results["TEN-01"]["probe"] and "disk_max" in results["TEN-05"]["probe"]
+    assert "--special" in results["TEN-06"]["probe"]
+    facts2 = good_facts(facts["policy"], facts["broker_client"])
+    facts2["guest"]["vsock_guest"] = "socket: EAFNOSUPPORT"
+    facts2["a"]["sync"]["replies"]["clean"] = {"rc": 1, "err": "", "out": json.dumps(
+        {"ok": False, "error": "unknown or disabled op: 'sync'"})}
+    results = audit.judge(facts2)
+    assert not_passing(results) == {"TEN-01": "skip", "TEN-04": "skip"}
+    assert "AF_VSOCK" in results["TEN-04"]["probe"] and "sync op" in results["TEN-01"]["probe"]
+
+
+def test_a_warm_slot_may_record_unknown_but_never_busy(facts):
+    facts["guest"]["forged"]["record"]["verdict"] = "unknown"
+    assert not_passing(audit.judge(facts)) == {"TEN-07": "fail"}
+    facts["guest"]["forged"]["warm"] = True
+    assert not_passing(audit.judge(facts)) == {}
+
+
+def test_the_cookie_page_sets_its_cookie_and_shows_what_it_got_and_the_page_stays():
+    body, extra = audit.Listener.page(b"GET /chv-audit-cookie?v=0badcafe HTTP/1.1\r\nHost: h\r\n"
+                                      b"Cookie: chv_audit=0badcafe-kept; x=<b>\r\n\r\n")
+    assert extra == b"Set-Cookie: chv_audit=0badcafe-kept; Path=/; Max-Age=3600\r\n"
+    assert b"<h2>sent:[chv_audit=0badcafe-kept; x=&lt;b&gt;]</h2>" in body
+    assert audit.cookie_sent("0badcafe").encode() in body
+    assert audit.Listener.page(b"GET /chv-audit-cookie?v=<script> HTTP/1.1\r\n\r\n")[1] == \
+        b"Set-Cookie: chv_audit=script-kept; Path=/; Max-Age=3600\r\n"
+    assert audit.Listener.page(b"GET / HTTP/1.1\r\n\r\n") == (audit.PAGE.encode(), b"")
+    assert audit.Listener.page(b"") == (audit.PAGE.encode(), b"")
+    assert audit.cookie_url("http://10.99.20.1:18770/", "ab") == "http://10.99.20.1:18770/chv-audit-cookie?v=ab"
+
+
+def test_the_listener_serves_the_cookie_page_over_http():
+    import urllib.request
+
+    with audit.Listener("127.0.0.1") as srv:
+        url = "http://127.0.0.1:%d/chv-audit-cookie?v=abc" % srv.port
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Cookie": "chv_audit=abc-kept"}),
+                                    timeout=10) as r:
+            assert r.headers["Set-Cookie"].startswith("chv_audit=abc-kept;")
+            assert b"sent:[chv_audit=abc-kept]" in r.read()
+        with urllib.request.urlopen("http://127.0.0.1:%d/" % srv.port, timeout=10) as r:
+            assert r.read() == audit.PAGE.encode()
+
+
+def test_the_quota_defaults_are_chv_brokers(tmp_path):
+    import ast
+
+    from testpaths import ROOT as root
+
+    with open(os.path.join(root, "roles", "broker", "files", "chv_broker", "server.py")) as fh:
+        tree = ast.parse(fh.read())
+    defaults = next(n.value for n in tree.body if isinstance(n, ast.Assign) and
+                    getattr(n.targets[0], "id", None) == "DEFAULTS")
+    values = dict((k.value, ast.literal_eval(v)) for k, v in zip(defaults.keys, defaults.values)
+                  if isinstance(k, ast.Constant) and k.value in audit.BROKER_DEFAULTS)
+    assert values == audit.BROKER_DEFAULTS
+    cfg = tmp_path / "broker.json"
+    cfg.write_text(json.dumps({"max_connections_per_slot": 7}))
+    got = audit.broker_limits(str(cfg))
+    assert (got["max_connections_per_slot"], got["read_timeout"]) == (7, 10.0)
+    assert "the defaults" in audit.broker_limits(str(tmp_path / "missing.json"))["config"]
 
 
 def test_cell_a_arriving_at_cell_b_is_net_02s_failure_not_the_doors(facts):
@@ -240,8 +401,8 @@ def test_an_unanswered_cell_ping_fails_ipc_01_and_errs_the_cases_it_controls(fac
 CONTROL_FAILURES = [
     (("a", "read", "os_release"), "ENOENT", {"FS-01"}),
     (("a", "read", "ordinary"), "EACCES", {"FS-02"}),
-    (("a", "write", "workspace"), "EROFS", {"FS-07", "FS-08", "FS-09"}),
-    (("guest", "workspace_write_seen"), False, {"FS-07", "FS-08", "FS-09"}),
+    (("a", "write", "workspace"), "EROFS", {"FS-07", "FS-08", "FS-09", "TEN-09"}),
+    (("guest", "workspace_write_seen"), False, {"FS-07", "FS-08", "FS-09", "TEN-09"}),
     (("a", "uid"), 65534, {"ID-01"}),
     (("a", "CapEff"), "", {"ID-03"}),
     (("a", "kernel", "syscall_getpid"), "bad", {"ID-06"}),
@@ -266,6 +427,26 @@ CONTROL_FAILURES = [
     (("guest", "sigkill"), {"started": False, "after_rc": 0}, {"LIFE-04"}),
     (("guest", "runtime"), {"control_rc": 125, "limited_rc": 124}, {"LIM-01"}),
     (("guest", "tasks"), {"limit": 64, "control": 0, "started": 0}, {"LIM-02"}),
+    (("a", "sync", "replies", "clean"), {"rc": 1, "err": "", "out": json.dumps(
+        {"ok": False, "error": "sync rejected: repo has no .git directory"})}, {"TEN-01"}),
+    (("a", "sync", "setup", "packed_refs"), "git init: rc 127 not found", {"TEN-01"}),
+    (("guest", "b_files_readable"), False, {"TEN-01"}),
+    (("a", "quota", "still_held"), 0, {"TEN-02"}),
+    (("a", "quota", "ping_after"), {"rc": 1, "err": "", "out": '{"ok": false, "error": "busy: slot slot0"}'},
+     {"TEN-02"}),
+    (("a", "cookie", 1), {"rc": 0, "err": "", "out": json.dumps({"ok": True, "result": {
+        "title": "chv-audit-cookie", "aria_snapshot": '- heading "sent:[]"'}})}, {"TEN-03"}),
+    (("run2", "open"), {"rc": 1, "err": "", "out": '{"ok": false, "error": "browser unavailable"}'}, {"TEN-03"}),
+    (("run2",), None, {"TEN-03"}),
+    (("a", "kernel", "families", "allowed", "AF_NETLINK"), "EAFNOSUPPORT", {"TEN-04"}),
+    (("a", "disk", "small"), "ENOSPC", {"TEN-05"}),
+    (("guest", "disk", "own_device"), False, {"TEN-05"}),
+    (("guest", "reach", "special"), "TimeoutError", {"TEN-06"}),
+    (("guest", "busy", "extra_record"), None, {"TEN-07"}),
+    (("guest", "read", "file"), {"rc": 66, "out": "", "err": "no such file", "seconds": 0.05}, {"TEN-08"}),
+    (("a", "plant", "fifo"), "EPERM", {"TEN-08"}),
+    (("guest", "slot_dirs", 1), {"path": "/var/lib/chv-fleet/agent-state/slot0", "error": "No such file"},
+     {"TEN-09"}),
 ]
 
 
@@ -311,7 +492,8 @@ def test_what_the_guest_lacks_is_a_skip_with_its_requirement(facts, drop, case, 
     facts["guest"]["tasks_skip"] = "the pids cgroup controller delegated to the cells"
     facts["guest"]["busy_skip"] = "every slot idle (busy: slot1)"
     results = audit.judge(facts)
-    assert not_passing(results) == {case: "skip"}
+    # TEN-07's control is LIFE-03's busy run
+    assert not_passing(results) == dict((c, "skip") for c in [case] + (["TEN-07"] if case == "LIFE-03" else []))
     assert needle in results[case]["probe"]
     assert audit.verdict_of(results)[:2] == ("passed", 0)
     assert audit.verdict_of(results, strict_skips=True)[:2] == ("failed", audit.EXIT_FAILED)
@@ -325,10 +507,13 @@ def test_one_slot_and_no_destinations_skip_what_needs_them(facts):
         del facts["a"]["tcp"][key]
     del facts["a"]["broker"]
     del facts["a"]["browser"]
+    facts["sync_skip"] = facts["quota_skip"] = "a second slot"
+    del facts["guest"]["read"]["other_slot"]
+    del facts["a"]["tcp"]["special"]
     results = audit.judge(facts)
     assert sorted(not_passing(results)) == ["BRW-01", "BRW-02", "BRW-03", "BRW-04", "FS-03", "FS-04", "ID-02",
                                             "IPC-01", "IPC-02", "IPC-03", "IPC-04", "NET-01", "NET-02", "NET-04",
-                                            "NET-05"]
+                                            "NET-05", "TEN-01", "TEN-02", "TEN-03", "TEN-06"]
     assert set(not_passing(results).values()) == {"skip"}
     assert "--allow" in results["NET-01"]["probe"]
 
@@ -428,6 +613,37 @@ def test_the_ruleset_loosenings_match_cell_a_and_the_audits_destinations_only(po
         "BRW-02": [("output", "meta skuid @door_uids ip daddr 169.254.169.254 tcp dport 18798 accept")],
         "BRW-03": [("output", "meta skuid @door_uids ip daddr %s tcp dport 18799 accept" % b["address"])],
     }
+
+
+def test_the_special_range_loosening_is_one_element_of_the_carve_out_set(policy, tmp_path, monkeypatch):
+    """TEN-06's loosening: the --special stand-in as a /32 of carve_nets, with
+    the counter-proof's comment; removal deletes only elements carrying it."""
+    lo = next(lo for lo in counterproof.LOOSENINGS if lo.name == "TEN-06")
+    ctx = _ctx(policy, tmp_path, special="198.18.254.254:18772")
+    assert lo.elements(ctx) == [("carve_nets", "198.18.254.254")] and lo.rules is None and lo.edit is None
+    assert "--special" in lo.needs(_ctx(policy, tmp_path))
+    calls = []
+
+    class Done(object):
+        def __init__(self, rc=0, out=""):
+            self.returncode, self.stdout, self.stderr = rc, out, "Error: conflicting intervals" if rc else ""
+
+    listed = {"nftables": [{"set": {"name": "carve_nets", "elem": [
+        "10.99.20.1", {"elem": {"val": "198.18.254.254", "comment": counterproof.COMMENT}},
+        {"elem": {"val": "198.18.0.9", "comment": "the operator's"}}]}}]}
+
+    def nft(pol, *args):
+        calls.append(args)
+        return Done(out=json.dumps(listed)) if args[0] == "-j" else Done()
+    monkeypatch.setattr(counterproof, "_nft", nft)
+    counterproof.insert_elements(policy, lo.elements(ctx))
+    assert calls[-1] == ("add", "element", "inet", "chv_cell", "carve_nets",
+                         '{ 198.18.254.254 comment "%s" }' % counterproof.COMMENT)
+    assert counterproof.remove_elements(policy) == 1
+    assert calls[-1] == ("delete", "element", "inet", "chv_cell", "carve_nets", "{ 198.18.254.254 }")
+    monkeypatch.setattr(counterproof, "_nft", lambda pol, *args: Done(rc=1))
+    with pytest.raises(RuntimeError, match="conflicting intervals"):
+        counterproof.insert_elements(policy, lo.elements(ctx))
 
 
 def test_a_loosening_this_guest_cannot_show_says_why(policy, tmp_path):
@@ -625,12 +841,14 @@ def test_the_counter_proof_runs_before_each_loosening_and_after(monkeypatch, raw
     monkeypatch.setattr(audit, "run", fake_run)
     monkeypatch.setattr(counterproof, "insert_rules", refuse)
     monkeypatch.setattr(counterproof, "remove_rules", lambda pol: 0)
+    monkeypatch.setattr(counterproof, "remove_elements", lambda pol: 0)
+    monkeypatch.setattr(counterproof, "insert_elements", lambda pol, elements: refuse(pol, elements))
     opts = {"slot": None, "metadata_stand_in": True, "deny": [], "allow_url": "http://10.0.0.1:1/",
-            "strict_skips": True}
+            "strict_skips": True, "special": "198.18.254.254:18772"}
     rep = counterproof.run(str(path), opts)
     applicable = [lo for lo in counterproof.LOOSENINGS if lo.name not in [r["name"] for r in rep["not_applicable"]]]
     # every loosening by ruleset was refused by the fake nft before its run
-    assert len(runs) == 1 + len([lo for lo in applicable if not lo.rules]) + 1
+    assert len(runs) == 1 + len([lo for lo in applicable if not lo.rules and not lo.elements]) + 1
     assert set(r["name"] for r in rep["loosenings"]) == set(lo.name for lo in applicable)
     assert runs[0]["strict_skips"] is True and runs[0].get("lifecycle", True) is True
     assert all(r["lifecycle"] is False and r["strict_skips"] is False for r in runs[1:])
@@ -638,5 +856,6 @@ def test_the_counter_proof_runs_before_each_loosening_and_after(monkeypatch, raw
     assert by_name["NET-03"]["verdict"] == "error" and "nft insert rule input" in by_name["NET-03"]["evidence"][
         "loosening"]
     assert by_name["ID-07"]["verdict"] == "not proven"  # the fake cells failed nothing
+    assert by_name["TEN-06"]["verdict"] == "error" and "carve_nets" in by_name["TEN-06"]["evidence"]["loosening"]
     assert (rep["verdict"], rep["exit"]) == ("error", counterproof.EXIT_ERROR)
     assert not [n for n in os.listdir(str(tmp_path)) if n.startswith("audit-policy-")]  # the copies are gone

@@ -20,9 +20,11 @@ Markdown. Exit 0: every case passed (or was skipped); 1: a case failed;
 2: no case failed but a control did not succeed."""
 
 import hashlib
+import html
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +35,8 @@ import xml.etree.ElementTree as ET
 
 from . import argv as argvmod
 from . import audit_probe as probe
+from . import disk as diskmod
+from . import families as familiesmod
 from . import health as healthmod
 from . import policy as policymod
 from . import runner
@@ -52,6 +56,29 @@ PAGE = ("<!doctype html><html><head><title>chv-audit</title></head><body><h1>chv
 # what chv-browser's open returns to a cell (roles/browser: chv_browser/server.py, Engine.op_open and
 # _describe; tests/unit/cell_runtime/test_audit.py compares the two), and nothing else
 SNAPSHOT_KEYS = frozenset(["title", "url", "aria_snapshot", "truncated", "status"])
+# TEN-03: the Listener's page that sets a cookie (its value from the query's v) and shows the Cookie
+# header chromium sent
+COOKIE_PATH = "/chv-audit-cookie"
+COOKIE_NAME = "chv_audit"
+# TEN-02: chv-broker's configuration and the defaults of what the case reads from it
+# (roles/broker/files/chv_broker/server.py DEFAULTS; a unit test compares the two)
+BROKER_CONFIG = "/etc/chv-fleet/broker.json"
+BROKER_DEFAULTS = {"max_connections_per_slot": 4, "read_timeout": 10.0}
+QUOTA_EXTRA = 2  # connections past the quota that must be refused
+CELL_BROKER_SOCKET = "/run/chv/broker.sock"  # where the cells have chv-broker (the client's default)
+# TEN-04: families a cell of the default policy must not get, and how each is tried
+# (socket type, protocol); families not named here are tried as datagram sockets
+FAMILY_PROBES = ("AF_VSOCK", "AF_PACKET", "AF_XDP")
+FAMILY_TYPES = {"AF_UNIX": (1, 0), "AF_INET": (1, 0), "AF_INET6": (1, 0), "AF_NETLINK": (3, 0), "AF_VSOCK": (1, 0),
+                "AF_PACKET": (3, 0), "AF_XDP": (3, 0)}
+DISK_FULL = ("ENOSPC", "EDQUOT")
+# TEN-07: what the payload writes to stderr, a busy launcher's words (runner.Launcher)
+FORGED_BUSY = "chv-cell: all 1 slot(s) busy (slot0) for 1s; giving up"
+
+
+def marker(kind, nonce):
+    """The text of a file of slot B (or /etc/shadow's stand-in words) that no reply may carry."""
+    return "chv-audit-%s-%s" % (kind, nonce)
 
 
 # ------------------------------------------------------------- the catalog
@@ -175,6 +202,43 @@ CASES = [
          "the reply to the allowed page carries no key but %s and none of the page's raw HTML (a comment and a "
          "script)" % ", ".join(sorted(SNAPSHOT_KEYS)),
          "the snapshot names the page's heading"),
+    Case("TEN-01", "The sync door reads nothing outside the slot",
+         "cell A's repositories whose .git/packed-refs is a link to a file of slot B's workspace and whose "
+         ".git/objects/info/alternates names slot B's agent state: sync status through the broker is refused "
+         "and no reply carries the files' text",
+         "sync status of a clean repository in the same cell succeeds; the guest reads slot B's files"),
+    Case("TEN-02", "A slot at its door quota is refused for itself alone",
+         "cell A holds max_connections_per_slot idle connections to chv-broker and opens %d more: those are "
+         "refused as busy naming slot A and the quota; meanwhile cell B's ping is answered" % QUOTA_EXTRA,
+         "A's first connections were admitted and still held while B pinged; after A lets go, A's own ping "
+         "is answered"),
+    Case("TEN-03", "The browser keeps nothing of a run for the slot's next run",
+         "run 1 of slot A opens the audit's cookie page through chv-browser; run 2 of slot A: snapshot finds "
+         "no page, and the cookie page shows no cookie",
+         "in run 1 a second open shows the cookie; run 2's open works"),
+    Case("TEN-04", "A cell gets only the policy's socket families",
+         "socket() of AF_VSOCK (and its bind), AF_PACKET and AF_XDP, and AF_VSOCK with bit 32 set through "
+         "syscall(): each EAFNOSUPPORT",
+         "each family of socket_families works in the same cell; the guest binds an AF_VSOCK socket"),
+    Case("TEN-05", "A slot's disk quota holds",
+         "the workspace's file system is no larger than disk_max; fallocate of its free space + 1 MiB fails "
+         "with ENOSPC; the guest's root file system keeps its free space",
+         "a small write in the workspace succeeds; the workspace is on a file system of its own (not /'s)"),
+    Case("TEN-06", "Private and special-purpose ranges are denied by default",
+         "connect from cell A to the --special stand-in (a special-purpose address no deny entry or "
+         "carve-out covers): no answer, and drop_special_range moves; chv-browser's open of it for A is refused",
+         "the guest connects to it"),
+    Case("TEN-07", "The launcher's verdict cannot be forged by the payload",
+         "a payload prints a busy launcher's words, writes to the --status-fd number and exits 75: the "
+         "status record says it ran, exit 75, and the payload's write failed",
+         "a real busy run (every slot held, LIFE-03) with --status-fd records verdict busy"),
+    Case("TEN-08", "A reader of a slot's files never follows what the cell planted",
+         "chv-cell read --slot A of cell A's links to slot B's file and to /etc/shadow and of its FIFO: each "
+         "refused (exit 65) at once, none of their text on stdout",
+         "a regular file cell A wrote reads back"),
+    Case("TEN-09", "Each slot's workspace and home are the slot's own",
+         "cell A's and B's workspace and home are owned by the slot's uid_base (user and group), mode 0700",
+         "the directories are there and cell A wrote its workspace"),
     Case("LIFE-01", "Nothing is left after the cells exit",
          "no cell record, host interface or machine of the audit's slots after the runs",
          "while cell B ran, its record and interface existed"),
@@ -194,7 +258,7 @@ CASES = [
 ]
 BY_ID = dict((c.id, c) for c in CASES)
 # the cases of _lifecycle (not run by a counter-proof run, which probes the cells only)
-LIFECYCLE_CASES = ("LIFE-02", "LIFE-03", "LIFE-04", "LIM-01", "LIM-02")
+LIFECYCLE_CASES = ("LIFE-02", "LIFE-03", "LIFE-04", "LIM-01", "LIM-02", "TEN-07")
 
 
 # ------------------------------------------------------------- verdicts
@@ -338,6 +402,7 @@ def _judge_cell(facts, a, g):
     out.update(_judge_net(facts, a, g))
     out.update(_judge_ipc(facts, a, g))
     out.update(_judge_brw(facts, a, g))
+    out.update(_judge_ten(facts, a, g))
     return out
 
 
@@ -494,6 +559,183 @@ def _judge_brw(facts, a, g):
     return out
 
 
+TEN_CELL_CASES = ("TEN-01", "TEN-02", "TEN-03", "TEN-04", "TEN-05", "TEN-06", "TEN-08", "TEN-09")
+
+
+def _reply_text(reply):
+    return "%s %s" % (reply.get("out", ""), reply.get("err", ""))
+
+
+def _short(reply, n=120):
+    return (reply.get("out") or reply.get("err") or "no reply")[:n]
+
+
+def _judge_ten(facts, a, g):
+    out = {}
+    nonce = facts["nonce"]
+    secrets = [marker("bws", nonce), marker("bstate", nonce)]
+    # TEN-01: the sync door
+    sync = a.get("sync")
+    if facts.get("sync_skip"):
+        out["TEN-01"] = skip(facts["sync_skip"])
+    elif sync is None:
+        out["TEN-01"] = _result("error", "", "CONTROL FAILED: the cell ran no sync request (no broker client in it)")
+    else:
+        replies = sync["replies"]
+        clean = _answer(replies.get("clean", {})) or {}
+        if "unknown or disabled op" in str(clean.get("error", "")):
+            out["TEN-01"] = skip("the sync door (this guest's broker has no sync op)")
+        else:
+            hostile = [k for k in ("packed_refs", "alternates")]
+            answers = dict((k, _answer(replies.get(k, {})) or {}) for k in hostile)
+            leaked = [k for k in hostile if any(m in _reply_text(replies.get(k, {})) for m in secrets)]
+            result = clean.get("result") if isinstance(clean.get("result"), dict) else {}
+            setup_ok = all(sync["setup"].get(k) == "ok" for k in ["clean"] + hostile)
+            out["TEN-01"] = pair(all(answers[k].get("ok") is False for k in hostile) and not leaked,
+                                 "; ".join("%s: %s" % (k, ("refused: %s" % str(answers[k].get("error"))[:90])
+                                                       if answers[k].get("ok") is False else _short(replies.get(k, {})))
+                                           for k in hostile) + "; slot B's text in a reply: %s" % (leaked or "none"),
+                                 clean.get("ok") is True and result.get("returncode") == 0 and setup_ok and
+                                 g.get("b_files_readable") is True,
+                                 "clean repository: %s; set up: %s; the guest reads slot B's files: %s"
+                                 % ("returncode %s" % result.get("returncode") if clean.get("ok") else
+                                    _short(replies.get("clean", {})),
+                                    ", ".join("%s %s" % kv for kv in sorted(sync["setup"].items())),
+                                    g.get("b_files_readable")))
+    # TEN-02: the door quota
+    quota = a.get("quota")
+    if facts.get("quota_skip"):
+        out["TEN-02"] = skip(facts["quota_skip"])
+    elif quota is None:
+        out["TEN-02"] = _result("error", "", "CONTROL FAILED: the cell did not hold the door (no broker client in it)")
+    else:
+        limit = int(g["quota"]["max_connections_per_slot"])
+        name = facts["slot_a"]["name"]
+        replies = quota.get("replies", [])
+        past = replies[limit:]
+        refused = len(past) == QUOTA_EXTRA and all("busy: slot %s " % name in r and "max_connections_per_slot" in r
+                                                     for r in past)
+        b_ping = g.get("quota_b_ping") or {}
+        b_answer = _answer(b_ping) or {}
+        after = _answer(quota.get("ping_after") or {}) or {}
+        held = replies[:limit] == ["idle"] * limit and quota.get("still_held") == limit and quota.get("go") is True
+        out["TEN-02"] = pair(refused and b_answer.get("ok") is True,
+                             "past the quota of %d: %s; slot B's ping while A held it: %s"
+                             % (limit, " | ".join(r[:110] for r in past) or "none", _short(b_ping) if b_ping else
+                                g.get("quota_relay_error", "not sent")),
+                             held and after.get("ok") is True,
+                             "A's first %d connections admitted: %s, still held when B pinged: %s of %d; A's ping "
+                             "after letting go: %s (attempt %s)" % (limit, replies[:limit] == ["idle"] * limit,
+                                                                    quota.get("still_held"), limit,
+                                                                    _short(quota.get("ping_after") or {}),
+                                                                    quota.get("ping_attempts")))
+    # TEN-03: the browser between two runs of a slot
+    br = a.get("browser")
+    cookie = a.get("cookie")
+    if br is None or br.get("allowed") is None or cookie is None:
+        out["TEN-03"] = skip("--allow-url URL, a page cells may open through chv-browser (and chv-broker's client)")
+    elif "unknown or disabled op" in str((_answer(br["allowed"]) or {}).get("error", "")):
+        out["TEN-03"] = skip("chv-browser (this guest's broker has no browser op)")
+    else:
+        sent = cookie_sent(nonce)
+        second = _answer(cookie[1]) or {}
+        run2 = facts.get("run2")
+        shown = sent in _reply_text(cookie[1]) and second.get("ok") is True
+        if run2 is None:
+            out["TEN-03"] = _result("error", "", "CONTROL FAILED: run 2 of slot A: %s; run 1 showed the cookie: %s"
+                                    % (facts.get("run2_error", "did not run"), shown))
+        else:
+            snap = _answer(run2["snapshot"]) or {}
+            opened = _answer(run2["open"]) or {}
+            kept = [k for k in ("snapshot", "open") if sent in _reply_text(run2[k])]
+            out["TEN-03"] = pair(snap.get("ok") is False and not kept,
+                                 "run 2 snapshot: %s; run 1's cookie in run 2's replies: %s"
+                                 % ("refused: %s" % str(snap.get("error"))[:80] if snap.get("ok") is False
+                                    else "A PAGE: %s" % _short(run2["snapshot"]), kept or "no"),
+                                 shown and opened.get("ok") is True and "chv-audit-cookie" in _reply_text(run2["open"]),
+                                 "run 1's second open shows %s: %s; run 2's open: %s"
+                                 % (sent, shown, "ok" if opened.get("ok") else _short(run2["open"])))
+    # TEN-04: socket families
+    fam = a["kernel"].get("families")
+    if facts.get("families_skip"):
+        out["TEN-04"] = skip(facts["families_skip"])
+    elif fam is None:
+        out["TEN-04"] = _result("error", "", "CONTROL FAILED: the cell did not report its socket families")
+    elif g.get("vsock_guest") not in (None, "ok"):
+        out["TEN-04"] = skip("AF_VSOCK on the guest's kernel (socket and bind on the guest: %s)" % g["vsock_guest"])
+    else:
+        vsock = g.get("vsock_guest") == "ok"
+        tried = dict(fam["denied"])
+        if vsock:
+            tried.update(vsock_bind=fam["vsock_bind"].split(": ")[-1], high_bits=fam["high_bits"])
+        out["TEN-04"] = pair(bool(tried) and all(v == "EAFNOSUPPORT" for v in tried.values()),
+                             ", ".join("%s: %s" % kv for kv in sorted(tried.items())),
+                             all(v == "ok" for v in fam["allowed"].values()) and bool(fam["allowed"]),
+                             "%s; the guest binds AF_VSOCK: %s" % (", ".join("%s: %s" % kv
+                                                                             for kv in sorted(fam["allowed"].items())),
+                                                                   g.get("vsock_guest") or "not tried (allowed)"))
+    # TEN-05: the disk quota
+    disk, gd = a.get("disk"), g.get("disk")
+    if gd is None:
+        out["TEN-05"] = skip("a disk quota in the policy (disk_max, role variable chv_cell_disk_max)")
+    elif disk is None:
+        out["TEN-05"] = _result("error", "", "CONTROL FAILED: the cell did not report its workspace's file system")
+    else:
+        drop = gd.get("root_drop", 0)
+        out["TEN-05"] = pair(disk["size"] <= gd["limit"] and disk["big"] in DISK_FULL and drop < disk["asked"] // 2,
+                             "file system %d bytes (disk_max %s: %d); fallocate of %d bytes: %s in %ss; the guest's / "
+                             "lost %d bytes" % (disk["size"], gd["disk_max"], gd["limit"], disk["asked"], disk["big"],
+                                                disk.get("big_seconds"), drop),
+                             disk["small"] == "ok" and gd["own_device"] is True,
+                             "small write: %s; the workspace on a file system of its own: %s"
+                             % (disk["small"], gd["own_device"]))
+    # TEN-06: special-purpose ranges
+    tcp = a["tcp"]
+    if "special" not in tcp:
+        out["TEN-06"] = skip("--special HOST:PORT, a stand-in in a private or special-purpose range that no deny "
+                             "entry or carve-out covers, which the guest reaches")
+    else:
+        moved = (g.get("counters_moved") or {}).get("drop_special_range", 0)
+        door = (br or {}).get("denied", {}).get("special")
+        door_answer = _answer(door) if door else None
+        door_ok = door is None or (door_answer or {}).get("ok") is False
+        out["TEN-06"] = pair(_dropped(tcp["special"]) and moved > 0 and door_ok,
+                             "cell A: %s; drop_special_range +%d; chv-browser for A: %s"
+                             % (tcp["special"], moved, "not asked (no --allow-url)" if door is None else
+                                "refused: %s" % str(door_answer.get("error"))[:60]
+                                if (door_answer or {}).get("ok") is False else "OPENED" if door_answer else "no reply"),
+                             g["reach"].get("special", "").startswith("connected"),
+                             "guest: %s" % g["reach"].get("special"))
+    # TEN-08: chv-cell read of what the cell planted
+    reads, planted = g.get("read") or {}, a.get("plant") or {}
+    words = secrets + list(g.get("shadow_words") or [])
+    hostile = sorted(k for k in reads if k != "file")
+    bad = [k for k in hostile if reads[k]["rc"] != 65 or (reads[k]["seconds"] or 99) > 10 or
+           any(w in reads[k]["out"] for w in words if w)]
+    ctl = reads.get("file") or {}
+    out["TEN-08"] = pair(bool(hostile) and not bad,
+                         "; ".join("%s: exit %s in %ss, %d bytes out" % (k, reads[k]["rc"], reads[k]["seconds"],
+                                                                        len(reads[k]["out"])) for k in hostile)
+                         or "nothing read",
+                         bool(reads) and all(v == "ok" for v in planted.values()) and ctl.get("rc") == 0 and
+                         ctl.get("out") == marker("read", nonce),
+                         "planted: %s; the regular file: exit %s, %s"
+                         % (", ".join("%s %s" % kv for kv in sorted(planted.items())) or "nothing", ctl.get("rc"),
+                            "its text" if ctl.get("out") == marker("read", nonce) else repr(ctl.get("out", ""))[:60]))
+    # TEN-09: the slot directories
+    dirs = g.get("slot_dirs") or []
+    ok = [d for d in dirs if "error" not in d and d["dir"]]
+    own = [d for d in ok if d["uid"] == d["uid_base"] and d["gid"] == d["uid_base"] and d["mode"] == "0700"]
+    ws_ok = a["write"].get("workspace") == "ok" and g.get("workspace_write_seen") is True
+    out["TEN-09"] = pair(bool(ok) and len(own) == len(ok),
+                         ", ".join("%s %s:%s %s" % (d["path"], d["uid"], d["gid"], d["mode"]) for d in ok),
+                         bool(dirs) and len(ok) == len(dirs) and ws_ok,
+                         "directories: %s; cell A wrote its workspace: %s"
+                         % (", ".join("%s %s" % (d["path"], d.get("error", "ok" if d.get("dir") else "not a directory"))
+                                      for d in dirs) or "none", ws_ok))
+    return out
+
+
 def _judge_life(facts, g):
     out = {}
     if g.get("lifecycle") is False:
@@ -510,6 +752,20 @@ def _judge_life(facts, g):
     out["LIFE-02"] = pair(bool(runs) and not failed, "%d runs, failed: %s" % (len(runs), failed[:5] or "none"),
                           bool(runs) and runs[0] == 0, "first run: exit %s" % (runs[0] if runs else "not run"))
     busy = g.get("busy")
+    forged = g.get("forged") or {}
+    record = forged.get("record") or {}
+    if busy is None:
+        out["TEN-07"] = skip(g.get("busy_skip", "every slot idle") + " (the control is LIFE-03's busy run)")
+    else:
+        real = busy.get("extra_record") or {}
+        # a warm cell's launcher cannot tell whether exit is the payload's (verdict unknown): not busy either
+        ran = ("ran", "unknown") if forged.get("warm") else ("ran",)
+        out["TEN-07"] = pair(bool(forged) and record.get("verdict") in ran and record.get("exit") == runner.EXIT_BUSY and
+                             forged.get("write") != "ok",
+                             "status record: %s; the payload's write to the fd: %s"
+                             % (json.dumps(record, sort_keys=True) if record else "none", forged.get("write")),
+                             real.get("verdict") == "busy" and real.get("exit") == runner.EXIT_BUSY,
+                             "LIFE-03's busy run: %s" % (json.dumps(real, sort_keys=True) if real else "no record"))
     if busy is None:
         out["LIFE-03"] = skip(g.get("busy_skip", "every slot idle"))
     else:
@@ -694,12 +950,33 @@ class Listener(object):
                     request += chunk
             except OSError:
                 pass
-            body = PAGE.encode()
+            body, extra = Listener.page(request)
             try:
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
-                             b"Connection: close\r\n\r\n" % len(body) + body)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n%s"
+                             b"Connection: close\r\n\r\n" % (len(body), extra) + body)
             except OSError:
                 pass
+
+    @staticmethod
+    def page(request):
+        """(body, extra header lines) for the raw request: PAGE, or for
+        COOKIE_PATH?v=VALUE a page that sets the cookie COOKIE_NAME=VALUE-kept
+        and shows, as a heading, the Cookie header it received (TEN-03)."""
+        line = request.split(b"\r\n", 1)[0].decode("latin-1", "replace").split()
+        target = line[1] if len(line) > 1 else "/"
+        path, dummy, query = target.partition("?")
+        if path != COOKIE_PATH:
+            return PAGE.encode(), b""
+        value = "".join(c for c in query.partition("v=")[2].split("&")[0] if c.isalnum())[:32]
+        sent = ""
+        for header in request.decode("latin-1", "replace").split("\r\n")[1:]:
+            name, dummy, rest = header.partition(":")
+            if name.strip().lower() == "cookie":
+                sent = rest.strip()
+        body = ("<!doctype html><html><head><title>chv-audit-cookie</title></head><body><h1>chv-audit-cookie</h1>"
+                "<h2>sent:[%s]</h2></body></html>" % html.escape(sent)).encode()
+        extra = ("Set-Cookie: %s=%s-kept; Path=/; Max-Age=3600\r\n" % (COOKIE_NAME, value)).encode() if value else b""
+        return body, extra
 
     def close(self):
         self.stop.set()
@@ -760,7 +1037,7 @@ class Fixtures(object):
     """What the guest side puts on the guest for one run, removed again."""
 
     def __init__(self):
-        self.files, self.dirs, self.procs, self.undo = [], [], [], []
+        self.files, self.dirs, self.procs, self.undo, self.trees = [], [], [], [], []
 
     def file(self, path, text, mode, uid=0, gid=0):
         with open(path, "w") as fh:
@@ -789,6 +1066,8 @@ class Fixtures(object):
                 os.rmdir(path)
             except OSError:
                 pass
+        for path in self.trees:
+            shutil.rmtree(path, ignore_errors=True)
         for fn in self.undo:
             fn()
 
@@ -883,6 +1162,8 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
         tcp["guest:" + addr] = [addr, listener.port]
     if opts["metadata_stand_in"]:
         tcp["metadata"] = [METADATA, listener.port]
+    if opts.get("special"):
+        tcp["special"] = list(healthmod.parse_target(opts["special"]))
     for key, target in [("allow:" + t, t) for t in opts["allow"]] + [("deny:" + t, t) for t in opts["deny"]]:
         tcp[key] = list(healthmod.parse_target(target))
     if slot_b is not None:
@@ -900,7 +1181,11 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
         denied = dict((key, "http://%s:%s/chv-audit-door" % (host, port)) for key, (host, port) in tcp.items()
                       if key.startswith("guest:") or key in ("metadata", "cell_b"))
         denied["guest:127.0.0.1"] = "http://127.0.0.1:%d/chv-audit-door" % listener.port
+        if "special" in tcp:
+            denied["special"] = "http://%s:%s/chv-audit-door" % tuple(tcp["special"])
         request["browser"] = {"allowed": opts["allow_url"], "denied": denied}
+        request["cookie"] = cookie_url(opts["allow_url"], nonce)
+    _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "audit_probe.py")
     # cell B first: its listener, its uid_map and its control
     b_proc = None
@@ -910,6 +1195,11 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
         breq = dict((k, os.path.join(pol["workspace_mount"], mark + "." + k)) for k in ("ready", "done", "seen"))
         breq["address"] = slot_b["address"]
         fix.files += [ready, done, seen]
+        if request.get("quota"):
+            # TEN-02: B pings when the guest drops the ping file (A holds the door then)
+            breq.update((k, os.path.join(pol["workspace_mount"], mark + "." + k)) for k in ("ping", "pinged"))
+            breq["broker_client"] = request["broker_client"]
+            fix.files += [os.path.join(paths_b["workspace"], mark + "." + k) for k in ("ping", "pinged")]
         b_proc = subprocess.Popen(_chv_cell(launch, "run", "--slot", slot_b["name"], "--timeout",
                                             str(opts["timeout"]), "--", "python3", "-I", script, "in-cell-listener",
                                             json.dumps(breq)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -925,14 +1215,24 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
             facts["b_error"] = "cell B did not start: %s" % (b_proc.stderr.read()[-400:] if b_proc.poll() is not None
                                                              else "no ready file")
     for key, (host, port) in tcp.items():
-        if key.startswith(("guest:", "allow:", "deny:", "metadata")) and key != "guest:" + slot_a["gateway"]:
+        if key.startswith(("guest:", "allow:", "deny:", "metadata", "special")) and \
+                key != "guest:" + slot_a["gateway"]:
             g["reach"][key.split(":", 1)[1] if ":" in key else key] = probe.connect(host, int(port))
     g["marker_alive"] = marker.poll() is None
+    relay = None
+    if request.get("quota") and b_proc is not None and "b" in facts:
+        relay = threading.Thread(target=_quota_relay, args=(pol, slot_a, slot_b, mark, g), daemon=True)
+        relay.start()
     counters_before = healthmod.read_counters()
     seen_before = len(listener.seen)
+    root_free = _free_bytes("/")
     rc, out, err = _run_cell(launch, slot_a["name"], ["python3", "-I", script, "in-cell", json.dumps(request)],
                              opts["timeout"])
+    if "disk" in g:
+        g["disk"]["root_drop"] = root_free - _free_bytes("/")
     counters_after = healthmod.read_counters()
+    if relay is not None:
+        relay.join(60)
     g["listener_seen"] = listener.seen[seen_before:]  # what reached the guest's listener while cell A ran
     if counters_before is not None and counters_after is not None:
         g["counters_moved"] = dict((name, n - counters_before.get(name, 0)) for name, n in counters_after.items()
@@ -955,6 +1255,8 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
                 g["b_listener_seen"] = json.load(fh)  # what reached cell B's listener after its control
         except (OSError, ValueError):
             pass
+    if facts["a"] is not None:
+        _after_cell_a(pol, policy_path, launch, slot_a, slot_b, request, script, opts, facts)
     g["workspace_write_seen"] = os.path.exists(os.path.join(paths_a["workspace"], mark + ".w"))
     if g["workspace_write_seen"]:
         fix.files.append(os.path.join(paths_a["workspace"], mark + ".w"))
@@ -963,6 +1265,205 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
     if request["broker_client"]:
         g["broker_root"] = _broker_as(request["broker_client"])
         g["broker_cell_uid"] = _broker_as(request["broker_client"], uid_a)
+
+
+def cookie_url(allow_url, nonce):
+    """The Listener's cookie page (TEN-03) on the --allow-url's host."""
+    scheme, dummy, rest = allow_url.partition("://")
+    return "%s://%s%s?v=%s" % (scheme, rest.split("/", 1)[0], COOKIE_PATH, nonce)
+
+
+def cookie_sent(nonce):
+    return "%s=%s-kept" % (COOKIE_NAME, nonce)
+
+
+def _free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def broker_limits(path=BROKER_CONFIG):
+    """max_connections_per_slot and read_timeout of chv-broker's configuration
+    (its defaults where the file does not set them), and the file read."""
+    cfg = {}
+    try:
+        with open(path) as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        pass
+    out = dict((k, cfg.get(k, v)) for k, v in BROKER_DEFAULTS.items())
+    out["config"] = path if cfg else "%s (not readable: the defaults)" % path
+    return out
+
+
+def _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark):
+    """What the TEN cases need in cell A's request and on the guest."""
+    g, nonce = facts["guest"], facts["nonce"]
+    paths_a = argvmod.cell_paths(pol, slot_a)
+    ws = pol["workspace_mount"]
+    paths_b = argvmod.cell_paths(pol, slot_b) if slot_b else None
+    b_ws = os.path.join(paths_b["workspace"], mark + ".b-file") if slot_b else None
+    b_state = os.path.join(paths_b["agent_state"], mark + ".b-state") if slot_b else None
+    if slot_b:
+        fix.file(b_ws, marker("bws", nonce) + "\n", 0o644, slot_b["uid_base"], slot_b["uid_base"])
+        fix.file(b_state, marker("bstate", nonce) + "\n", 0o644, slot_b["uid_base"], slot_b["uid_base"])
+    # TEN-04: the policy's families (the controls) and those it leaves out
+    fam = pol.get("socket_families", list(familiesmod.DEFAULT_FAMILIES))
+    if fam == familiesmod.ANY:
+        facts["families_skip"] = "a socket_families list in the policy (it has %r: no filter)" % fam
+    else:
+        spec = lambda name: [familiesmod.FAMILIES[name]] + list(FAMILY_TYPES.get(name, (2, 0)))  # noqa: E731
+        request["families"] = {"allowed": dict((n, spec(n)) for n in fam),
+                               "denied": dict((n, spec(n)) for n in FAMILY_PROBES if n not in fam)}
+        g["vsock_guest"] = probe.vsock_bind() if "AF_VSOCK" not in fam else None
+    # TEN-05: the slot's own file system
+    if pol.get("disk_max"):
+        request["disk"] = ws
+        g["disk"] = {"limit": diskmod.parse_size(pol["disk_max"]), "disk_max": pol["disk_max"],
+                     "own_device": os.stat(paths_a["workspace"]).st_dev != os.stat("/").st_dev}
+    # TEN-08: what cell A plants for chv-cell read
+    plant = {"file": ["file", os.path.join(ws, mark + ".read-file"), marker("read", nonce)],
+             "shadow": ["symlink", os.path.join(ws, mark + ".read-shadow"), "/etc/shadow"],
+             "fifo": ["fifo", os.path.join(ws, mark + ".read-fifo"), None]}
+    if slot_b:
+        plant["other_slot"] = ["symlink", os.path.join(ws, mark + ".read-b"), b_ws]
+    request["plant"] = plant
+    fix.files += [os.path.join(paths_a["workspace"], os.path.basename(p)) for dummy, p, dummy2 in plant.values()]
+    # TEN-09: the audited slots' directories
+    g["slot_dirs"] = []
+    for s in [slot_a] + ([slot_b] if slot_b else []):
+        paths = argvmod.cell_paths(pol, s)
+        for kind in ("workspace", "agent_state"):
+            try:
+                st = os.lstat(paths[kind])
+                g["slot_dirs"].append({"path": paths[kind], "uid_base": s["uid_base"], "uid": st.st_uid,
+                                       "gid": st.st_gid, "mode": "%04o" % (st.st_mode & 0o7777),
+                                       "dir": os.path.isdir(paths[kind]) and not os.path.islink(paths[kind])})
+            except OSError as exc:
+                g["slot_dirs"].append({"path": paths[kind], "error": exc.strerror})
+    client = request["broker_client"]
+    # TEN-01: the sync door
+    if not client:
+        facts["sync_skip"] = "chv-broker's client (--broker-client)"
+    elif not shutil.which("git"):
+        facts["sync_skip"] = "git on the guest (the sync door's worker and the cell's git init)"
+    elif not slot_b:
+        facts["sync_skip"] = "a second slot"
+    else:
+        repos = {}
+        for name, extra in (("clean", {}), ("packed_refs", {"packed_refs_link": b_ws}),
+                            ("alternates", {"alternates": b_state})):
+            repo = "%s-sync-%s" % (mark, name)
+            repos[name] = dict(extra, repo=repo, path=os.path.join(ws, repo))
+            fix.trees.append(os.path.join(paths_a["workspace"], repo))
+        request["sync"] = {"repos": repos}
+        g["b_files_readable"] = all(os.access(p, os.R_OK) for p in (b_ws, b_state))
+    # TEN-02: the door quota
+    if not client:
+        facts["quota_skip"] = "chv-broker's client (--broker-client)"
+    elif not slot_b:
+        facts["quota_skip"] = "a second slot"
+    else:
+        limits = broker_limits()
+        g["quota"] = limits
+        request["quota"] = {"limit": int(limits["max_connections_per_slot"]), "extra": QUOTA_EXTRA,
+                            "socket": CELL_BROKER_SOCKET, "wait": 30,
+                            "ready": os.path.join(ws, mark + ".quota-ready"), "go": os.path.join(ws, mark + ".quota-go")}
+        fix.files += [os.path.join(paths_a["workspace"], mark + k) for k in (".quota-ready", ".quota-go")]
+
+
+def _quota_relay(pol, slot_a, slot_b, mark, g):
+    """TEN-02 on the guest: once cell A holds the door (its ready file), cell
+    B pings (its ping file) and its reply is kept; then A may let go."""
+    ws_a, ws_b = (argvmod.cell_paths(pol, s)["workspace"] for s in (slot_a, slot_b))
+    ready, go = os.path.join(ws_a, mark + ".quota-ready"), os.path.join(ws_a, mark + ".quota-go")
+    ping, pinged = os.path.join(ws_b, mark + ".ping"), os.path.join(ws_b, mark + ".pinged")
+    try:
+        if not _wait(lambda: os.path.exists(ready), 120):
+            return
+        t0 = time.monotonic()
+        with open(ping, "w"):
+            pass
+        if _wait(lambda: os.path.exists(pinged), 15):
+            with open(pinged) as fh:
+                g["quota_b_ping"] = json.load(fh)
+            g["quota_b_ping_seconds"] = round(time.monotonic() - t0, 3)
+    except (OSError, ValueError) as exc:
+        g["quota_relay_error"] = str(exc)
+    finally:
+        try:
+            with open(go, "w"):
+                pass
+        except OSError:
+            pass
+
+
+def _read_slot(policy_path, slot, path):
+    """chv-cell read --slot SLOT PATH: exit code, stdout, seconds."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(_chv_cell(policy_path, "read", "--slot", slot, "--", path), capture_output=True,
+                           timeout=30, check=False)
+        rc, out, err = p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        rc, out, err = None, "", "no answer within 30 s"
+    return {"rc": rc, "out": out[:2000], "err": err.strip()[-200:], "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _after_cell_a(pol, policy_path, launch, slot_a, slot_b, request, script, opts, facts):
+    """What follows cell A's run: the reader of its files (TEN-08) and run 2
+    of slot A (TEN-03)."""
+    g = facts["guest"]
+    g["read"] = dict((name, _read_slot(policy_path, slot_a["name"], path))
+                     for name, (dummy, path, dummy2) in sorted(request["plant"].items()))
+    try:
+        with open("/etc/shadow") as fh:
+            g["shadow_words"] = [line.split(":", 1)[0] + ":" for line in fh if line.strip()][:3]
+    except OSError:
+        g["shadow_words"] = []
+    if request.get("cookie"):
+        run2 = {"broker_client": request["broker_client"], "cookie": request["cookie"]}
+        rc, out, err = _run_cell(launch, slot_a["name"], ["python3", "-I", script, "in-cell-run2", json.dumps(run2)],
+                                 opts["timeout"])
+        try:
+            facts["run2"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
+        except (ValueError, IndexError):
+            facts["run2"] = None
+        if facts["run2"] is None:
+            facts["run2_error"] = "chv-cell run exited %s: %s" % (rc, (err or out).strip()[-300:])
+
+
+STATUS_FD = "{status-fd}"
+
+
+def _run_status(policy_path, slot, payload, timeout, extra=()):
+    """_run_cell with --status-fd: (exit code, stdout, the status record or
+    None); STATUS_FD in ``payload`` stands for the fd's number."""
+    rfd, wfd = os.pipe()
+    try:
+        argv = _chv_cell(policy_path, "run", "--slot", slot, "--timeout", str(timeout), "--status-fd", str(wfd),
+                         *extra) + ["--"] + [str(wfd) if a == STATUS_FD else a for a in payload]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(wfd,))
+        os.close(wfd)
+        wfd = None
+        with os.fdopen(rfd, "r") as fh:
+            rfd = None
+            text = fh.read()
+        out, dummy = p.communicate(timeout=timeout + 300)
+    finally:
+        for fd in (rfd, wfd):
+            if fd is not None:
+                os.close(fd)
+    try:
+        record = json.loads(text.splitlines()[0])
+    except (ValueError, IndexError):
+        record = None
+    return p.returncode, out, record
+
+
+FORGE = ("import errno, os, sys\nsys.stderr.write(%r + '\\n')\n"
+         "try:\n    os.write(int(sys.argv[1]), b'{\"exit\": 75, \"verdict\": \"busy\"}\\n')\n    print('ok')\n"
+         "except OSError as exc:\n    print(errno.errorcode.get(exc.errno, exc.errno))\nsys.exit(75)\n") % FORGED_BUSY
 
 
 def _lifecycle(pol, policy_path, slot_a, opts, facts):
@@ -1010,9 +1511,11 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
             _wait(lambda: all(runner.payload_running(pol, s) for s in pol["slots"]) or
                   any(p.poll() is not None for p in procs), opts["timeout"] + 30)
             running = sum(1 for s in pol["slots"] if runner.payload_running(pol, s))
-            extra = _run_cell(policy_path, name, ["true"], 1)[0] if running == len(pol["slots"]) else None
+            extra, record = None, None
+            if running == len(pol["slots"]):
+                extra, dummy, record = _run_status(policy_path, name, ["true"], 1)
             g["busy"] = {"slots": len(pol["slots"]), "running": running, "all_ran": running == len(pol["slots"]),
-                         "extra_rc": extra}
+                         "extra_rc": extra, "extra_record": record}
         finally:
             for s in pol["slots"]:
                 path = os.path.join(argvmod.cell_paths(pol, s)["workspace"], go)
@@ -1029,6 +1532,10 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
                     os.unlink(os.path.join(argvmod.cell_paths(pol, s)["workspace"], go))
                 except OSError:
                     pass
+    # TEN-07: a payload that plays a busy launcher
+    rc, out, record = _run_status(policy_path, name, ["python3", "-I", "-c", FORGE, STATUS_FD], opts["timeout"])
+    g["forged"] = {"rc": rc, "write": (out.split() or ["no output"])[-1], "record": record,
+                   "warm": name in pol.get("warm_slots", [])}
     # LIFE-04: SIGKILL a launcher whose cell runs; the slot is claimable again
     proc = subprocess.Popen(_chv_cell(policy_path, "run", "--slot", name, "--timeout", str(opts["timeout"]), "--",
                                       "sleep", "300"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

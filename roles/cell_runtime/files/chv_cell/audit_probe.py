@@ -185,6 +185,90 @@ def _kernel_probes(req):
     out["ip_addr_show"] = _run([req["ip"], "-4", "addr", "show", "dev", ifname])
     out["ip_route_add"] = _run([req["ip"], "route", "add", "192.0.2.0/24", "dev", ifname])
     out["ip_route_show"] = _run([req["ip"], "-4", "route", "show"])
+    if req.get("families"):
+        out["families"] = families_probe(req["families"], libc)
+    return out
+
+
+_SYS_SOCKET = {"x86_64": 41, "aarch64": 198}
+VMADDR_ANY = 0xFFFFFFFF  # VMADDR_CID_ANY, VMADDR_PORT_ANY
+
+
+def vsock_bind(family=40):
+    """An AF_VSOCK socket bound to any CID and port: "ok" or where it failed."""
+    try:
+        s = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        return "socket: " + _errname(exc)
+    try:
+        s.bind((VMADDR_ANY, VMADDR_ANY))
+        return "ok"
+    except OSError as exc:
+        return "bind: " + _errname(exc)
+    finally:
+        s.close()
+
+
+def families_probe(spec, libc=None):
+    """socket() of each family of spec["allowed"] (the controls) and
+    spec["denied"] ({name: [number, type, protocol]}), an AF_VSOCK bind and
+    the high-bit form of AF_VSOCK (the family with bit 32 set, which the
+    kernel truncates to an int) through syscall()."""
+    libc = libc or _libc()
+    out = {"allowed": {}, "denied": {}}
+    for group in ("allowed", "denied"):
+        for name, (num, typ, proto) in sorted(spec[group].items()):
+            out[group][name] = _try(lambda num=num, typ=typ, proto=proto: socket.socket(num, typ, proto).close())
+    out["vsock_bind"] = vsock_bind()
+    nr = _SYS_SOCKET.get(platform.machine())
+    if nr is None:
+        out["high_bits"] = "no socket() number for %s" % platform.machine()
+    else:
+        libc.syscall.restype = ctypes.c_long
+        fd = libc.syscall(ctypes.c_long(nr), ctypes.c_long((1 << 32) | 40), ctypes.c_long(socket.SOCK_STREAM),
+                          ctypes.c_long(0))
+        if fd >= 0:
+            os.close(fd)
+            out["high_bits"] = "ok"
+        else:
+            out["high_bits"] = errno.errorcode.get(ctypes.get_errno(), "E%d" % ctypes.get_errno())
+    return out
+
+
+def disk_probe(directory):
+    """The file system of ``directory`` (statvfs: size and what an
+    unprivileged user may still take), a small write, and fallocate(2) of
+    that free space and 1 MiB more (no fallback that writes zeros: only the
+    kernel's allocation, which the file system refuses at once when the room
+    is not there). Both files are removed again."""
+    st = os.statvfs(directory)
+    out = {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+    out["asked"] = out["free"] + (1 << 20)
+    small, big = os.path.join(directory, ".chv-audit-disk-small"), os.path.join(directory, ".chv-audit-disk-big")
+
+    def write_small():
+        with open(small, "wb") as fh:
+            fh.write(b"x" * 65536)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def allocate():
+        libc = _libc()
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+        fd = os.open(big, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _checked(libc.fallocate(fd, 0, 0, out["asked"]))
+        finally:
+            os.close(fd)
+    out["small"] = _try(write_small)
+    t0 = time.monotonic()
+    out["big"] = _try(allocate)
+    out["big_seconds"] = round(time.monotonic() - t0, 3)
+    for path in (small, big):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
     return out
 
 
@@ -226,11 +310,121 @@ def in_cell(req):
         out["resolv"] = _read("/etc/resolv.conf").decode()
     except OSError as exc:
         out["resolv"] = _errname(exc)
+    if req.get("disk"):
+        out["disk"] = disk_probe(req["disk"])
+    if req.get("plant"):
+        out["plant"] = plant(req["plant"])
     if req.get("broker_client"):
         out["broker"] = _broker(req["broker_client"])
         if req.get("browser"):
             out["browser"] = _browser(req["broker_client"], req["browser"])
+        if req.get("cookie"):
+            out["cookie"] = [_ask(req["broker_client"], {"op": "browser", "action": "open", "url": req["cookie"]},
+                                  keep=20000) for dummy in range(2)]
+        if req.get("sync"):
+            out["sync"] = sync_probe(req["broker_client"], req["sync"])
+        if req.get("quota"):
+            out["quota"] = quota_probe(req["broker_client"], req["quota"])
     return out
+
+
+def plant(spec):
+    """What the cell leaves for a reader of its files (chv-cell read): a
+    regular file, symbolic links (to another slot's file by its guest path,
+    to /etc/shadow) and a FIFO; {name: "ok" or the errno name}."""
+    out = {}
+    for name, (kind, path, arg) in sorted(spec.items()):
+        if kind == "file":
+            out[name] = _try(lambda path=path, arg=arg: open(path, "w").write(arg))
+        elif kind == "symlink":
+            out[name] = _try(lambda path=path, arg=arg: os.symlink(arg, path))
+        else:
+            out[name] = _try(lambda path=path: os.mkfifo(path))
+    return out
+
+
+def sync_probe(client, spec):
+    """The sync door for repositories of this cell's workspace: a clean one
+    (the control) and each hostile one, whose git directory names another
+    slot's files (a packed-refs link, an alternates file); the replies."""
+    out = {"setup": {}, "replies": {}}
+    for name, r in sorted(spec["repos"].items()):
+        path = r["path"]
+        init = _run(["git", "-c", "init.defaultBranch=main", "init", "-q", path])
+        if init["rc"] != 0:
+            out["setup"][name] = "git init: rc %s %s" % (init["rc"], init["err"][-100:])
+            continue
+        gd = os.path.join(path, ".git")
+        if r.get("packed_refs_link"):
+            out["setup"][name] = _try(lambda gd=gd, r=r: os.symlink(r["packed_refs_link"], os.path.join(gd, "packed-refs")))
+        elif r.get("alternates"):
+            out["setup"][name] = _try(lambda gd=gd, r=r: open(os.path.join(gd, "objects", "info", "alternates"),
+                                                          "w").write(r["alternates"] + "\n"))
+        else:
+            out["setup"][name] = "ok"
+        out["replies"][name] = _ask(client, {"op": "sync", "action": "status", "repo": r["repo"]}, keep=20000)
+    return out
+
+
+def _door_connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(path)
+    return s
+
+
+def _pending_reply(s, wait):
+    """The first line the door sent on ``s`` within ``wait`` seconds, or "idle"."""
+    import select  # noqa: PLC0415
+    if not select.select([s], [], [], wait)[0]:
+        return "idle"
+    try:
+        data = s.recv(4096)
+    except OSError as exc:
+        return _errname(exc)
+    return data.decode("utf-8", "replace").strip() or "closed"
+
+
+def quota_probe(client, spec):
+    """Hold the door: ``limit`` idle connections and ``extra`` more, each
+    opened after the one before; the replies of the ones past the quota.
+    Then the ready file (the guest has another slot ping), a wait for the go
+    file, whether the held connections were still held then, and, after
+    closing them, this cell's own ping (retried while the door has not
+    counted the closes yet)."""
+    held, out = [], {"replies": []}
+    try:
+        for dummy in range(spec["limit"] + spec["extra"]):
+            held.append(_door_connect(spec["socket"]))
+            time.sleep(0.05)  # the door's accept loop admits each before the next arrives
+        out["replies"] = [_pending_reply(s, 1.0 if i >= spec["limit"] else 0.2) for i, s in enumerate(held)]
+    except OSError as exc:
+        out["error"] = "connect %d: %s" % (len(held) + 1, _errname(exc))
+    with open(spec["ready"] + ".tmp", "w") as fh:
+        json.dump(out["replies"], fh)
+    os.rename(spec["ready"] + ".tmp", spec["ready"])
+    deadline = time.monotonic() + spec.get("wait", 30)
+    while not os.path.exists(spec["go"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["go"] = os.path.exists(spec["go"])
+    out["still_held"] = sum(1 for s in held[:spec["limit"]] if _pending_reply(s, 0) == "idle")
+    for s in held:
+        s.close()
+    for attempt in range(20):
+        out["ping_after"] = _ask(client, {"op": "ping"})
+        out["ping_attempts"] = attempt + 1
+        if "busy" not in out["ping_after"]["out"]:
+            break
+        time.sleep(0.2)
+    return out
+
+
+def in_cell_run2(req):
+    """Cell A's next run (TEN-03): the browser's snapshot (no page may be
+    open) and the cookie page again."""
+    client = req["broker_client"]
+    return {"snapshot": _ask(client, {"op": "browser", "action": "snapshot"}, keep=20000),
+            "open": _ask(client, {"op": "browser", "action": "open", "url": req["cookie"]}, keep=20000)}
 
 
 def in_cell_listener(req):
@@ -264,8 +458,16 @@ def in_cell_listener(req):
         json.dump(ready, fh)
     os.rename(req["ready"] + ".tmp", req["ready"])
     deadline = time.monotonic() + req.get("wait", 120)
+    pinged = False
     while not os.path.exists(req["done"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        if req.get("ping") and not pinged and os.path.exists(req["ping"]):
+            # another slot holds the door at its quota now (TEN-02): this slot's ping
+            reply = _ask(req["broker_client"], {"op": "ping"})
+            with open(req["pinged"] + ".tmp", "w") as fh:
+                json.dump(reply, fh)
+            os.rename(req["pinged"] + ".tmp", req["pinged"])
+            pinged = True
+        time.sleep(0.05)
     stop.set()
     thread.join(2)
     srv.close()
@@ -277,6 +479,10 @@ def in_cell_listener(req):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["in-cell"]:
     print(json.dumps(in_cell(json.loads(sys.argv[2]))))
+    sys.stdout.flush()
+    sys.exit(0)
+if __name__ == "__main__" and sys.argv[1:2] == ["in-cell-run2"]:
+    print(json.dumps(in_cell_run2(json.loads(sys.argv[2]))))
     sys.stdout.flush()
     sys.exit(0)
 if __name__ == "__main__" and sys.argv[1:2] == ["in-cell-listener"]:

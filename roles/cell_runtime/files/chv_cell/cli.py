@@ -143,6 +143,9 @@ def build_parser():
     u.add_argument("--allow-url", metavar="URL",
                    help="an http(s) page cells may open through chv-browser (BRW cases; BRW-04 needs the page "
                    "chv-cell audit's own listener serves)")
+    u.add_argument("--special", metavar="HOST:PORT",
+                   help="a stand-in in a private or special-purpose range that no deny entry or carve-out covers "
+                   "and the guest reaches (TEN-06)")
     u.add_argument("--metadata-stand-in", action="store_true",
                    help="add %s to the guest's loopback for the run (NET-04)" % auditmod.METADATA)
     u.add_argument("--trusted", action="append", default=[], metavar="PATH",
@@ -233,6 +236,14 @@ def audit(ns):
         labels[key] = value
     if not _targets_ok(ns):
         return runner.EXIT_CONFIG
+    if ns.special:
+        from . import health as healthmod  # noqa: PLC0415
+
+        try:
+            healthmod.parse_target(ns.special)
+        except ValueError as exc:
+            runner.log("audit: --special: %s" % exc)
+            return runner.EXIT_CONFIG
     if ns.runs < 1:
         runner.log("audit: --runs must be at least 1, got %d" % ns.runs)
         return runner.EXIT_CONFIG
@@ -240,7 +251,7 @@ def audit(ns):
         runner.log("audit: --allow-url must be an http:// or https:// URL, got %r" % ns.allow_url)
         return runner.EXIT_CONFIG
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
-            "allow_url": ns.allow_url,
+            "allow_url": ns.allow_url, "special": ns.special,
             "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
             "labels": labels, "strict_skips": ns.strict_skips}
     if ns.counter_proof:

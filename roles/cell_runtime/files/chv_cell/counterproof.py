@@ -5,12 +5,14 @@ must fail in that run; the runs before and after, without it, must pass
 
 A loosening is either a copy of the policy with one thing changed (the
 cells of that run are started with the copy; the verdicts are judged
-against the real policy) or accept rules inserted at the top of the
+against the real policy), accept rules inserted at the top of the
 cell_nat table's base chains, matching cell A's interface and the audit's
-own destinations only, so that no other slot is loosened. Inserted rules
-carry COMMENT and are removed after the run, and by the next counter-proof
-run or a reload of the ruleset (chv-cell-nat.service) if the audit was
-killed in between.
+own destinations only, so that no other slot is loosened, or elements
+added to one of the table's sets (TEN-06: the audit's own special-range
+stand-in, a /32 in the carve-out set, for that run). Inserted rules and
+elements carry COMMENT and are removed after the run, and by the next
+counter-proof run or a reload of the ruleset (chv-cell-nat.service) if the
+audit was killed in between.
 
 What cannot be loosened here is listed in NOT_COUNTER_PROVABLE with the
 reason; a loosening this guest cannot show (a path that its permissions
@@ -32,6 +34,7 @@ from . import ruleset as rulesetmod
 
 COMMENT = "chv-audit counter-proof"
 CHAINS = ("forward", "input", "output")  # the table's base chains a loosening inserts into
+SETS = ("carve_nets",)  # the table's sets a loosening adds elements to
 EXIT_NOT_PROVEN = audit.EXIT_FAILED
 EXIT_ERROR = audit.EXIT_ERROR
 # drop_capabilities a loosening may keep: in systemd-nspawn's default
@@ -74,6 +77,24 @@ NOT_COUNTER_PROVABLE = {
     "LIFE-04": "the claim lock is released by the kernel when its holder dies; nothing to loosen",
     "LIM-01": "the probe sets --runtime-max itself",
     "LIM-02": "not yet: a TasksMax loosening needs the lifecycle run and a guest with the pids controller delegated",
+    "TEN-01": "needs a build of chv-broker without its git directory checks and the worker's mount namespace; "
+              "tests/integration/broker/test_sync_tenants.py shows the leak on the old code",
+    "TEN-02": "the quota is chv-broker's configuration, read when it starts: loosening it restarts every slot's "
+              "door, not one slot's cells for one run; tests/integration/broker/test_door_fairness.py shows the "
+              "old global cap refusing the other slot",
+    "TEN-03": "a policy copy without the launcher's end (browser_socket empty) leaves run 1's context to run 2 only "
+              "when chv-broker's reaper (every reap_interval) does not see the slot empty between the two runs: not "
+              "deterministic on a guest; tests/integration/browser/test_browser_state_across_runs.py shows it with "
+              "the reaper off",
+    "TEN-05": "the quota is the slot's own file system: loosening it would unmount it (or move the slot onto /) while "
+              "slots may run, and the launcher refuses a slot whose directories are not on a file system of their "
+              "own (disk.check_slot)",
+    "TEN-07": "the launcher starts every cell with the fds above 2 closed: no policy hands the status fd to a "
+              "payload",
+    "TEN-08": "needs a build of chv-cell read that follows links (slotfiles.read_file); "
+              "tests/integration/cells/test_slot_files.py reads the same plants",
+    "TEN-09": "re-owning a slot's directories while its cells may run is no loosening of one run; FS-03's loosening "
+              "is what a directory other users can read would give",
 }
 
 
@@ -82,9 +103,10 @@ class Loosening(object):
     policy, `rules(ctx)` returns (chain, rule) pairs to insert; `needs(ctx)`
     returns why this guest cannot show it, or None."""
 
-    def __init__(self, name, cases, how, edit=None, rules=None, needs=None):
+    def __init__(self, name, cases, how, edit=None, rules=None, needs=None, elements=None):
         self.name, self.cases, self.how = name, tuple(cases), how
         self.edit, self.rules, self.needs = edit, rules, needs
+        self.elements = elements  # elements(ctx): (set, element) pairs to add to the table's sets
 
 
 def readable_by_others(path):
@@ -209,6 +231,13 @@ LOOSENINGS = [
                                   % (ctx["slot_b"]["address"], probe.LISTENER_PORT))],
               needs=_unless("run without --allow-url, or the policy has one slot",
                             lambda ctx: ctx["opts"].get("allow_url") and ctx["slot_b"])),
+    Loosening("TEN-04", ["TEN-04"], 'socket_families: "any" (no socket family filter)',
+              edit=lambda raw, ctx: raw.update(socket_families="any"),
+              needs=_unless("the policy's socket_families is already \"any\"",
+                            lambda ctx: ctx["pol"].get("socket_families") != "any")),
+    Loosening("TEN-06", ["TEN-06"], "the --special stand-in (a /32) as an element of the carve-out set carve_nets",
+              elements=lambda ctx: [("carve_nets", ctx["opts"]["special"].rsplit(":", 1)[0])],
+              needs=_unless("run without --special HOST:PORT", lambda ctx: ctx["opts"].get("special"))),
     Loosening("NET-05", ["NET-05"], "accept cell A to the --deny destinations at the top of the forward chain",
               rules=lambda ctx: [("forward", 'iifname "%s" ip daddr %s accept' % (_a_if(ctx), host))
                                  for host in sorted(set(t.rsplit(":", 1)[0] for t in ctx["opts"]["deny"]))],
@@ -234,6 +263,34 @@ def remove_rules(pol):
                 _nft(pol, "delete", "rule", rulesetmod.FAMILY, rulesetmod.TABLE, chain, "handle", str(rule["handle"]))
                 removed += 1
     return removed
+
+
+def remove_elements(pol):
+    """Delete every element of ours (COMMENT) from the table's SETS; returns how many."""
+    removed = 0
+    for name in SETS:
+        p = _nft(pol, "-j", "list", "set", rulesetmod.FAMILY, rulesetmod.TABLE, name)
+        if p.returncode != 0:
+            continue
+        for item in json.loads(p.stdout).get("nftables", []):
+            for elem in (item.get("set") or {}).get("elem", []) if isinstance(item, dict) else []:
+                inner = elem.get("elem") if isinstance(elem, dict) else None
+                if isinstance(inner, dict) and inner.get("comment") == COMMENT:
+                    _nft(pol, "delete", "element", rulesetmod.FAMILY, rulesetmod.TABLE, name,
+                         "{ %s }" % inner["val"])
+                    removed += 1
+    return removed
+
+
+def insert_elements(pol, elements):
+    for name, value in elements:
+        try:
+            p = _nft(pol, "add", "element", rulesetmod.FAMILY, rulesetmod.TABLE, name,
+                     '{ %s comment "%s" }' % (value, COMMENT))
+        except OSError as exc:
+            raise RuntimeError("nft add element %s %s: %s" % (name, value, exc))
+        if p.returncode != 0:
+            raise RuntimeError("nft add element %s %s: %s" % (name, value, p.stderr.strip()))
 
 
 def insert_rules(pol, rules):
@@ -288,7 +345,7 @@ def run(policy_path, opts):
     slot_a = policymod.slot_by_name(pol, opts["slot"]) if opts.get("slot") else pol["slots"][0]
     others = [s for s in pol["slots"] if s["name"] != slot_a["name"]]
     ctx = {"pol": pol, "slot_a": slot_a, "slot_b": others[0] if others else None, "opts": opts}
-    stale = remove_rules(pol)
+    stale = remove_rules(pol) + remove_elements(pol)
     before = audit.run(policy_path, opts)
     results, inapplicable = [], []
     # the cells only: the lifecycle cases are not run (skipped), whatever --strict-skips says
@@ -308,6 +365,8 @@ def run(policy_path, opts):
                 os.chmod(copy_path, 0o644)
             if loosening.rules:
                 insert_rules(pol, loosening.rules(ctx))
+            if loosening.elements:
+                insert_elements(pol, loosening.elements(ctx))
             results.append(outcome(loosening, audit.run(policy_path, dict(cells_only, cell_policy=copy_path))))
         except RuntimeError as exc:  # nft refused a rule: nothing was loosened, nothing proven
             results.append({"name": loosening.name, "how": loosening.how, "expected": list(loosening.cases),
@@ -315,6 +374,8 @@ def run(policy_path, opts):
                             "evidence": {"loosening": str(exc)[:300]}})
         finally:
             remove_rules(pol)
+            if loosening.elements:
+                remove_elements(pol)
             if copy_path:
                 os.unlink(copy_path)
     after = audit.run(policy_path, cells_only)

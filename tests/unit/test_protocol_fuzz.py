@@ -40,7 +40,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                        HealthCheck.data_too_large])
 COUNTS = {"broker": 0, "browser": 0, "policy": 0}
-CELL = {"slot": "slot0", "uid_base": 100000, "uid_size": 65536}
+CELL = {"slot": "slot0", "pid": 4242, "uid_base": 100000, "uid_size": 65536}
 
 # JSON values, and requests shaped like the real ones with hostile fields
 json_values = st.recursive(
@@ -108,8 +108,9 @@ def test_broker_refuses_or_forwards_only_what_a_cell_may_ask(line):
     fwd = FORWARDED[0]
     action = fwd["action"]
     assert action in bprotocol.BROWSER_ACTIONS
-    assert set(fwd) == {"slot", "action"} | set(bprotocol.BROWSER_ACTIONS[action])
+    assert set(fwd) == {"slot", "action", "cell"} | set(bprotocol.BROWSER_ACTIONS[action])
     assert fwd["slot"] == "slot0"  # the peer check's slot, never the request's
+    assert fwd["cell"] == "4242"  # the peer check's cell (its run), never the request's
     assert all(isinstance(fwd[k], str) for k in bprotocol.BROWSER_ACTIONS[action])
     if "url" in fwd:
         assert bprotocol.url_scheme_allowed(fwd["url"]) and fwd["url"].split(":", 1)[0].lower() in ("http", "https")

@@ -420,7 +420,7 @@ class Engine:
         if self.contexts.get(slot) is entry and admit_page(
                 len(entry["pages"]), int(self.cfg["pages_per_slot"]), lock is not None and lock.locked()):
             entry["pages"].add(page)
-            page.on("close", lambda closed: entry["pages"].discard(closed))
+            page.on("close", entry["pages"].discard)
             return
         entry["popups_closed"] += 1
         self._background(self._close_page(page, slot))

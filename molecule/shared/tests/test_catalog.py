@@ -27,17 +27,24 @@ SCENARIO = os.environ.get("MOLECULE_SCENARIO_NAME", "")
 # answers on it (on its loopback, for the run), so the guest reaches it and
 # its cells must not (NET-05). The trixie scenario denies nothing.
 DENIED = "192.168.254.254" if SCENARIO == "fleet" else None
+# TEN-06's stand-in: an address of 198.18.0.0/15 (benchmarking, RFC 2544), a
+# special-purpose range that neither scenario denies or carves out (the lab
+# host is their only carve-out, molecule/shared/group_vars), so only the
+# default deny of the special-purpose ranges keeps cells and doors from it.
+# On the lab host's loopback for the run, one address per scenario (the
+# scenarios may run at once on the one lab host).
+SPECIAL = "198.18.254.254" if SCENARIO == "fleet" else "198.18.254.253"
 # what these guests lack: lab guests get no cgroup controllers (docs/lab.md)
 SKIPS = {"LIM-02"} | (set() if DENIED else {"NET-05"})
 # /etc/chv is 0700 and each workspace 2750 with its slot's owner: their
 # permissions keep every cell out as well, so no single loosening opens them
 NOT_APPLICABLE = {"FS-01", "FS-03"}
 PROVEN = {"FS-02", "FS-04", "FS-05", "ID-03/04", "ID-07", "NET-02", "NET-03", "NET-04", "NET-05", "BRW-01",
-          "BRW-02", "BRW-03"}
+          "BRW-02", "BRW-03", "TEN-04", "TEN-06"}
 COUNTER_PROOF = SCENARIO == "fleet"
 # fixed ports inside the lab host's listener range (lab.json listener_ports,
 # docs/lab.md): the lab host refuses guests anything else
-ALLOW_PORT, DENY_PORT = 18770, 18771
+ALLOW_PORT, DENY_PORT, SPECIAL_PORT = 18770, 18771, 18772
 
 
 def run_audit(host, counter_proof, runs=100):
@@ -45,13 +52,15 @@ def run_audit(host, counter_proof, runs=100):
     report, counter-proof report or None, the report files)."""
     lab = lab_guest(host)["host_address"]
     try:
-        if DENIED:
-            # replace, not add: a run killed before its cleanup left the
-            # address behind, and the next run's add failed on it (EEXIST)
-            subprocess.run(["ip", "addr", "replace", DENIED + "/32", "dev", "lo"], check=True)
-        with HelloServer(lab, ALLOW_PORT) as allow, HelloServer(DENIED or lab, DENY_PORT) as deny:
+        # replace, not add: a run killed before its cleanup left the
+        # address behind, and the next run's add failed on it (EEXIST)
+        for stand_in in [SPECIAL] + ([DENIED] if DENIED else []):
+            subprocess.run(["ip", "addr", "replace", stand_in + "/32", "dev", "lo"], check=True)
+        with HelloServer(lab, ALLOW_PORT) as allow, HelloServer(DENIED or lab, DENY_PORT) as deny, \
+                HelloServer(SPECIAL, SPECIAL_PORT) as special:
             argv = ["chv-cell audit --json --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, allow.port),
-                    "--allow-url http://%s:%d/" % (lab, allow.port), "--trusted /etc/chv-fleet/nft/cell-nat.nft",
+                    "--allow-url http://%s:%d/" % (lab, allow.port), "--special %s:%d" % (SPECIAL, special.port),
+                    "--trusted /etc/chv-fleet/nft/cell-nat.nft",
                     "--report-dir %s --label scenario=%s" % (REPORTS, SCENARIO)]
             if DENIED:
                 argv.append("--deny %s:%d" % (DENIED, deny.port))
@@ -64,8 +73,8 @@ def run_audit(host, counter_proof, runs=100):
                 r = host.run(" ".join(argv))
                 files = dict((name, host.file(os.path.join(REPORTS, name)).content_string) for name in names)
     finally:
-        if DENIED:
-            subprocess.run(["ip", "addr", "del", DENIED + "/32", "dev", "lo"], check=False)
+        for stand_in in [SPECIAL] + ([DENIED] if DENIED else []):
+            subprocess.run(["ip", "addr", "del", stand_in + "/32", "dev", "lo"], check=False)
     keep = os.path.join(ROOT, "build", "reports", "audit-%s-%s" % (SCENARIO, host.backend.get_hostname()))
     os.makedirs(keep, exist_ok=True)
     for name, text in files.items():
@@ -125,8 +134,11 @@ def test_each_loosened_boundary_fails_exactly_its_case_and_passes_again_after(ca
 
 
 def test_no_loosening_is_left_on_the_guest(host):
+    """No rule and no set element of a counter-proof (TEN-06's carve_nets
+    element carries the comment too), no policy copy, no stand-in address."""
     with host.sudo():
         assert "chv-audit" not in host.check_output("nft list table inet chv_cell")
+        assert SPECIAL not in host.check_output("nft list set inet chv_cell carve_nets")
         assert host.check_output("ls /run/chv-fleet | grep -c audit-policy || true") == "0"
         assert host.check_output("ip -4 addr show dev lo").count("169.254.169.254") == 0
 

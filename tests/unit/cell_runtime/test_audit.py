@@ -256,7 +256,7 @@ PROBE_FAILURES = [
     (("a", "kernel", "families", "high_bits"), "ok", "TEN-04"),
     (("a", "disk", "big"), "ok", "TEN-05"),
     (("a", "disk", "size"), 2 << 30, "TEN-05"),
-    (("guest", "disk", "root_drop"), 51 << 20, "TEN-05"),
+    (("guest", "disk", "root_drop"), 52 << 20, "TEN-05"),
     (("a", "tcp", "special"), "connected: hello", "TEN-06"),
     (("guest", "counters_moved", "drop_special_range"), 0, "TEN-06"),
     (("a", "browser", "denied", "special"), {"rc": 0, "err": "", "out": '{"ok": true, "result": {}}'}, "TEN-06"),

@@ -682,7 +682,7 @@ def _judge_ten(facts, a, g):
         out["TEN-05"] = _result("error", "", "CONTROL FAILED: the cell did not report its workspace's file system")
     else:
         drop = gd.get("root_drop", 0)
-        out["TEN-05"] = pair(disk["size"] <= gd["limit"] and disk["big"] in DISK_FULL and drop < disk["asked"] // 2,
+        out["TEN-05"] = pair(disk["size"] <= gd["limit"] and disk["big"] in DISK_FULL and drop < disk["asked"],
                              "file system %d bytes (disk_max %s: %d); fallocate of %d bytes: %s in %ss; the guest's / "
                              "lost %d bytes" % (disk["size"], gd["disk_max"], gd["limit"], disk["asked"], disk["big"],
                                                 disk.get("big_seconds"), drop),

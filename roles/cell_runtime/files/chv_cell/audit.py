@@ -570,6 +570,13 @@ def _short(reply, n=120):
     return (reply.get("out") or reply.get("err") or "no reply")[:n]
 
 
+def _snapshot_text(reply):
+    """What an open's reply showed: the snapshot's text, or the reply itself."""
+    answer = _answer(reply) or {}
+    result = answer.get("result") if isinstance(answer.get("result"), dict) else {}
+    return (str(result.get("aria_snapshot", "")) or _short(reply, 200))[:200]
+
+
 def _judge_ten(facts, a, g):
     out = {}
     nonce = facts["nonce"]
@@ -654,7 +661,8 @@ def _judge_ten(facts, a, g):
                                     else "A PAGE: %s" % _short(run2["snapshot"]), kept or "no"),
                                  shown and opened.get("ok") is True and "chv-audit-cookie" in _reply_text(run2["open"]),
                                  "run 1's second open shows %s: %s; run 2's open: %s"
-                                 % (sent, shown, "ok" if opened.get("ok") else _short(run2["open"])))
+                                 % (sent, shown if shown else "no: %s" % _snapshot_text(cookie[1]),
+                                    "ok" if opened.get("ok") else _short(run2["open"])))
     # TEN-04: socket families
     fam = a["kernel"].get("families")
     if facts.get("families_skip"):

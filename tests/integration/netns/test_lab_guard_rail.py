@@ -21,6 +21,7 @@ import sys
 
 import jinja2
 import pytest
+import yaml
 
 import cellnat_lab
 from cellnat_lab import run
@@ -37,8 +38,11 @@ RESOLVER = "10.255.255.53"
 def render(lab_egress):
     env = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["bool"] = bool
+    # the listener range as the role has it (its one home: defaults/main.yml)
+    defaults = yaml.safe_load((pathlib.Path(LAB_ROLE) / "defaults" / "main.yml").read_text())
     return env.from_string(TEMPLATE.read_text()).render(
-        lab_name="guard-test", lab_egress=lab_egress, __lab_plan={"network": LAB_NET}, __lab_nameservers=[RESOLVER])
+        lab_name="guard-test", lab_egress=lab_egress, __lab_plan={"network": LAB_NET}, __lab_nameservers=[RESOLVER],
+        lab_listener_ports=defaults["lab_listener_ports"])
 
 
 @pytest.fixture(scope="module")

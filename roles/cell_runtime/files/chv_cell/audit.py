@@ -76,6 +76,11 @@ DISK_FULL = ("ENOSPC", "EDQUOT")
 FORGED_BUSY = "chv-cell: all 1 slot(s) busy (slot0) for 1s; giving up"
 
 
+def _family_spec(name):
+    """[family number, socket type, protocol] of TEN-04's try of family ``name``."""
+    return [familiesmod.FAMILIES[name]] + list(FAMILY_TYPES.get(name, (2, 0)))
+
+
 def marker(kind, nonce):
     """The text of a file of slot B (or /etc/shadow's stand-in words) that no reply may carry."""
     return "chv-audit-%s-%s" % (kind, nonce)
@@ -593,7 +598,7 @@ def _judge_ten(facts, a, g):
         if "unknown or disabled op" in str(clean.get("error", "")):
             out["TEN-01"] = skip("the sync door (this guest's broker has no sync op)")
         else:
-            hostile = [k for k in ("packed_refs", "alternates")]
+            hostile = ["packed_refs", "alternates"]
             answers = dict((k, _answer(replies.get(k, {})) or {}) for k in hostile)
             leaked = [k for k in hostile if any(m in _reply_text(replies.get(k, {})) for m in secrets)]
             result = clean.get("result") if isinstance(clean.get("result"), dict) else {}
@@ -620,8 +625,8 @@ def _judge_ten(facts, a, g):
         name = facts["slot_a"]["name"]
         replies = quota.get("replies", [])
         past = replies[limit:]
-        refused = len(past) == QUOTA_EXTRA and all("busy: slot %s " % name in r and "max_connections_per_slot" in r
-                                                     for r in past)
+        refused = len(past) == QUOTA_EXTRA and all(
+            "busy: slot %s " % name in r and "max_connections_per_slot" in r for r in past)
         b_ping = g.get("quota_b_ping") or {}
         b_answer = _answer(b_ping) or {}
         after = _answer(quota.get("ping_after") or {}) or {}
@@ -722,8 +727,8 @@ def _judge_ten(facts, a, g):
            any(w in reads[k]["out"] for w in words if w)]
     ctl = reads.get("file") or {}
     out["TEN-08"] = pair(bool(hostile) and not bad,
-                         "; ".join("%s: exit %s in %ss, %d bytes out" % (k, reads[k]["rc"], reads[k]["seconds"],
-                                                                        len(reads[k]["out"])) for k in hostile)
+                         "; ".join("%s: exit %s in %ss, %d bytes out"
+                                   % (k, reads[k]["rc"], reads[k]["seconds"], len(reads[k]["out"])) for k in hostile)
                          or "nothing read",
                          bool(reads) and all(v == "ok" for v in planted.values()) and ctl.get("rc") == 0 and
                          ctl.get("out") == marker("read", nonce),
@@ -1320,9 +1325,8 @@ def _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark):
     if fam == familiesmod.ANY:
         facts["families_skip"] = "a socket_families list in the policy (it has %r: no filter)" % fam
     else:
-        spec = lambda name: [familiesmod.FAMILIES[name]] + list(FAMILY_TYPES.get(name, (2, 0)))  # noqa: E731
-        request["families"] = {"allowed": dict((n, spec(n)) for n in fam),
-                               "denied": dict((n, spec(n)) for n in FAMILY_PROBES if n not in fam)}
+        request["families"] = {"allowed": dict((n, _family_spec(n)) for n in fam),
+                               "denied": dict((n, _family_spec(n)) for n in FAMILY_PROBES if n not in fam)}
         g["vsock_guest"] = probe.vsock_bind() if "AF_VSOCK" not in fam else None
     # TEN-05: the slot's own file system
     if pol.get("disk_max"):

@@ -63,6 +63,11 @@ def _read_any(path):
         _read(path)
 
 
+def _write_text(path, text):
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
 def _write(spec):
     """Create a new file, or (APPEND + path) open an existing one for
     writing without changing it."""
@@ -358,8 +363,8 @@ def sync_probe(client, spec):
         if r.get("packed_refs_link"):
             out["setup"][name] = _try(lambda gd=gd, r=r: os.symlink(r["packed_refs_link"], os.path.join(gd, "packed-refs")))
         elif r.get("alternates"):
-            out["setup"][name] = _try(lambda gd=gd, r=r: open(os.path.join(gd, "objects", "info", "alternates"),
-                                                          "w").write(r["alternates"] + "\n"))
+            out["setup"][name] = _try(lambda gd=gd, r=r: _write_text(
+                os.path.join(gd, "objects", "info", "alternates"), r["alternates"] + "\n"))
         else:
             out["setup"][name] = "ok"
         out["replies"][name] = _ask(client, {"op": "sync", "action": "status", "repo": r["repo"]}, keep=20000)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker_helpers import BrokerProc, client_argv, client_env, needs_root, write_record, wire
+from chv_broker import peer
 
 pytestmark = needs_root
 
@@ -89,11 +90,16 @@ def test_browser_forward_carries_the_slot(inproc, env):
     t = threading.Thread(target=fake)
     t.start()
     rep = inproc.call({"op": "browser", "action": "open", "url": "https://example.invalid/", "slot": "slot7",
-                       "extra": "dropped"})
+                       "cell": "1.1", "extra": "dropped"})
     t.join(5)
     srv.close()
     assert rep == {"ok": True, "result": {"title": "t"}}
-    assert seen == [{"slot": "slot0", "action": "open", "url": "https://example.invalid/"}]
+    # the run it is for: the matched cell record's leader pid and start time, never the request's
+    cells = peer.load_cells(env["cells"])
+    assert len(cells) == 1
+    assert seen == [{"slot": "slot0", "action": "open", "url": "https://example.invalid/",
+                     "cell": peer.incarnation(cells[0])}]
+    assert seen[0]["cell"] != "1.1" and "." in seen[0]["cell"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

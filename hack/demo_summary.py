@@ -41,17 +41,26 @@ def slurp_json(inventory, host, path):
     return json.loads(base64.b64decode(json.loads(m.group(1))["content"])) if m else None
 
 
+SPECIAL = "198.18.254.252"  # not Molecule's (198.18.254.253/254): both may run at once
+
+
 def catalog(inventory, host, address):
     """The catalog on one guest (10 consecutive runs for LIFE-02 here; 100 by default)."""
     src = json.loads(subprocess.run(["ip", "-j", "route", "get", address], capture_output=True, text=True,
                                     check=True).stdout)[0]["prefsrc"]
-    # a port inside the lab host's listener range (lab.json listener_ports,
-    # docs/lab.md): the lab host refuses guests every other port
-    with HelloServer(src, 18790) as allow:
-        ansible(inventory, "-m", "ansible.builtin.command", "-a",
-                "chv-cell audit --runs 10 --metadata-stand-in --allow %s:%d --allow-url http://%s:%d/ "
-                "--trusted /etc/chv-fleet/nft/cell-nat.nft --report-dir %s"
-                % (src, allow.port, src, allow.port, REPORTS), limit=host)
+    # ports inside the lab host's listener range (lab.json listener_ports,
+    # docs/lab.md): the lab host refuses guests every other port. TEN-06's
+    # stand-in: an address of a special-purpose range (198.18.0.0/15) that
+    # no deny entry or carve-out names, on the lab host's loopback for the run
+    subprocess.run(["ip", "addr", "replace", SPECIAL + "/32", "dev", "lo"], check=True)
+    try:
+        with HelloServer(src, 18790) as allow, HelloServer(SPECIAL, 18791) as special:
+            ansible(inventory, "-m", "ansible.builtin.command", "-a",
+                    "chv-cell audit --runs 10 --metadata-stand-in --allow %s:%d --allow-url http://%s:%d/ "
+                    "--special %s:%d --trusted /etc/chv-fleet/nft/cell-nat.nft --report-dir %s"
+                    % (src, allow.port, src, allow.port, SPECIAL, special.port, REPORTS), limit=host)
+    finally:
+        subprocess.run(["ip", "addr", "del", SPECIAL + "/32", "dev", "lo"], check=False)
     return slurp_json(inventory, host, REPORTS + "/audit.json")
 
 

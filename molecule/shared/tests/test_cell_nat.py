@@ -134,7 +134,7 @@ def test_policy_variants_deny_allow_uplink_and_foreign_chains(host, lab):
     override, then the restoring run (beside a foreign drop chain, which it
     must report), then cell_nat_strict, which must refuse that chain."""
     s0, out, me, uplink = lab["slots"][0]["name"], lab["out"], lab["uplink_addr"], lab["uplink"]
-    # control, on the scenario's own policy (no allow list): every port of the outside answers
+    # control, on the scenario's own policy (its one carve-out, the lab host): every port of the outside answers
     assert in_cell(host, s0, out, UNLISTED_PORT) == me
     assert in_cell(host, s0, out, DENIED_PORT) == me
     try:

@@ -195,11 +195,34 @@ def test_the_next_run_of_a_slot_sees_no_page_cookie_or_storage_of_the_previous_o
     assert ends and all(e["verdict"] == "ok" for e in ends), ends
 
 
-def test_counter_proof_without_the_launchers_end_the_next_run_gets_the_previous_state(lab, site):
+def test_without_the_launchers_end_the_run_binding_still_closes_the_previous_context(lab, site):
+    """The first counter-proof: the launcher's end switched off (policy browser_socket ""). The
+    second guard holds: chv-broker names each request's run (cell), so chv-browser closes run 1's
+    context when run 2 asks (verdict stale-context) instead of serving it."""
+    before = len([e for e in audit(lab["browser"]) if e.get("verdict") == "stale-context"])
     run2, log = two_runs(lab, site, lab["policy"]["old"])
     assert "browser state: no-browser" in log, log
     snap, opened = run2
-    assert snap["ok"] is True and "state shown" == snap["result"]["title"], snap  # run 1's page
+    assert snap["ok"] is False and "no page open for this slot" in snap["error"], snap
+    assert opened["ok"] is True, opened
+    tree = opened["result"]["aria_snapshot"]
+    assert "sent:[]" in tree and "cookie:[]" in tree and "storage:[]" in tree and "run1" not in tree, tree
+    stale = [e for e in audit(lab["browser"]) if e.get("verdict") == "stale-context"]
+    assert len(stale) > before and stale[-1]["slot"] == "slot0", stale
+
+
+def test_counter_proof_without_the_end_and_the_run_binding_the_next_run_gets_the_previous_state(lab, site):
+    """Both guards off: no end, and requests that name no run (as chv-broker sent them before it
+    named the run): the slot's next requests get run 1's page, cookie and storage."""
+    b = lab["browser"]
+    for url in (site + "/set", site + "/show"):
+        r = b.call({"slot": "slot0", "action": "open", "url": url}, timeout=90)
+        assert r["ok"] is True, r
+    shown = r["result"]["aria_snapshot"]
+    assert "sid=run1-cookie-secret" in shown and "storage:[run1-storage-secret]" in shown, shown  # control
+    snap = b.call({"slot": "slot0", "action": "snapshot"}, timeout=90)
+    assert snap["ok"] is True and snap["result"]["title"] == "state shown", snap  # run 1's page
+    opened = b.call({"slot": "slot0", "action": "open", "url": site + "/show"}, timeout=90)
     tree = opened["result"]["aria_snapshot"]
     assert "sid=run1-cookie-secret" in tree and "storage:[run1-storage-secret]" in tree, tree
     # leave the slot clean for the other tests: what the launcher does at every end

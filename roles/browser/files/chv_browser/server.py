@@ -420,7 +420,11 @@ class Engine:
         if self.contexts.get(slot) is entry and admit_page(
                 len(entry["pages"]), int(self.cfg["pages_per_slot"]), lock is not None and lock.locked()):
             entry["pages"].add(page)
-            page.on("close", entry["pages"].discard)
+            pages = entry["pages"]
+
+            def forget(closed):  # a function: Playwright keeps attributes on its handlers
+                pages.discard(closed)
+            page.on("close", forget)
             return
         entry["popups_closed"] += 1
         self._background(self._close_page(page, slot))

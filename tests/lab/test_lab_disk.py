@@ -4,7 +4,7 @@
 lab_guest binds in) and binds the slot's workspace and home to it; a cell
 of slot0 gets ENOSPC in its workspace while its first write succeeded, the
 guest's root keeps its free space; a second converge changes nothing.
-Boots one guest (~2-3 min)."""
+On the one-guest lab of tests/lab/conftest.py (the converge: about 1 min)."""
 
 import json
 import os
@@ -14,15 +14,12 @@ import sys
 
 import pytest
 
-from labtraces import LAB_ROOT, lab_traces
-from test_lab import playbook
+from labtraces import LAB_ROOT
 from testpaths import ROOT
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/systemd-nspawn"),
                                 reason="the lab needs root and systemd-nspawn")
 
-LAB = "ldisk"
-NETWORK = "10.99.43.0/24"
 PLAY = """- hosts: chv_fleet
   gather_facts: false
   roles: [chv.fleet.cell_runtime]
@@ -34,23 +31,16 @@ WRITE = ("head -c 4096 /dev/zero > /workspace/small && echo small-ok; "
 
 
 @pytest.fixture(scope="module")
-def lab():
-    rc, out, raw = playbook("lab_up.yml", "lab_name=" + LAB, "lab_count=1", "lab_network=" + NETWORK,
-                            "lab_browser_wheels=false")
-    try:
-        assert rc == 0, raw[-3000:]
-        with open(os.path.join(LAB_ROOT, LAB, "lab.json")) as fh:
-            yield json.load(fh)
-    finally:
-        playbook("lab_down.yml", "lab_name=" + LAB)
-        assert lab_traces(LAB) == []
+def lab(one_guest_lab):
+    """The shared one-guest lab (tests/lab/conftest.py)."""
+    return one_guest_lab
 
 
 def converge(lab, tmp_path):
     play = tmp_path / "disk.yml"
     play.write_text(PLAY)
     cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
-           os.path.join(LAB_ROOT, LAB, "inventory.yml"), str(play), "-e", json.dumps(VARS)]
+           os.path.join(LAB_ROOT, lab["lab"], "inventory.yml"), str(play), "-e", json.dumps(VARS)]
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1"), capture_output=True, text=True,
                           timeout=600, check=False)
     recap = re.search(r"^\S+\s+:\s+(ok=.*)$", proc.stdout.split("PLAY RECAP")[-1], re.M)

@@ -2,8 +2,7 @@
 input): a guest reaches a listener of the lab host inside the recorded
 test listener range (lab.json listener_ports, role default
 lab_listener_ports) and not one outside it (refused: TCP reset, ICMP port unreachable), in the
-same run.  Boots one
-guest (~1-2 min)."""
+same run. On the one-guest lab of tests/lab/conftest.py."""
 
 import json
 import os
@@ -14,14 +13,10 @@ import threading
 
 import pytest
 
-from labtraces import LAB_ROOT, lab_traces
-from test_lab import playbook
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/systemd-nspawn"),
                                 reason="the lab needs root and systemd-nspawn")
 
-LAB = "lfw"
-NETWORK = "10.99.41.0/24"
 
 # Runs on the guest: connect to each (host, port), read up to 5 bytes.
 CONNECT = r'''
@@ -72,16 +67,9 @@ def free_port(address, lo, hi):
 
 
 @pytest.fixture(scope="module")
-def lab():
-    rc, out, raw = playbook("lab_up.yml", "lab_name=" + LAB, "lab_count=1", "lab_network=" + NETWORK,
-                            "lab_browser_wheels=false")
-    try:
-        assert rc == 0, raw[-3000:]
-        with open(os.path.join(LAB_ROOT, LAB, "lab.json")) as fh:
-            yield json.load(fh)
-    finally:
-        playbook("lab_down.yml", "lab_name=" + LAB)
-        assert lab_traces(LAB) == []
+def lab(one_guest_lab):
+    """The shared one-guest lab (tests/lab/conftest.py)."""
+    return one_guest_lab
 
 
 def on_guest(lab, guest, *argv):
@@ -114,7 +102,7 @@ def test_a_guest_reaches_the_lab_host_only_in_the_listener_range(lab):
     assert got[str(outside_port)] == "ConnectionRefusedError" and got[str(low_port)] == "ConnectionRefusedError", got
     assert local == {inside_port: b"hello", outside_port: b"hello"}
     # the drop is the lab table's input chain
-    table = "chv_lab_" + LAB
+    table = "chv_lab_" + lab["lab"]
     listing = subprocess.run(["nft", "list", "chain", "ip", table, "input"], capture_output=True, text=True,
                              check=True).stdout
     assert "th dport %s accept" % lab["listener_ports"] in listing

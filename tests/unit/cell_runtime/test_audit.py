@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import re
+import stat
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -859,3 +860,23 @@ def test_the_counter_proof_runs_before_each_loosening_and_after(monkeypatch, raw
     assert by_name["TEN-06"]["verdict"] == "error" and "carve_nets" in by_name["TEN-06"]["evidence"]["loosening"]
     assert (rep["verdict"], rep["exit"]) == ("error", counterproof.EXIT_ERROR)
     assert not [n for n in os.listdir(str(tmp_path)) if n.startswith("audit-policy-")]  # the copies are gone
+
+
+def test_a_fixture_file_never_follows_a_link_planted_at_its_name(tmp_path):
+    """The audit writes its fixtures as root into directories cells write: a link an earlier
+    task left at the name (here towards a file outside, as towards /etc/nologin) is refused and
+    its target untouched; the cleanup removes only what the audit made. Control: a free name
+    gets the file with its mode and owner."""
+    target = tmp_path / "outside"
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    (slot / ".git-credentials").symlink_to(target)
+    fix = audit.Fixtures()
+    with pytest.raises(OSError):
+        fix.file(str(slot / ".git-credentials"), "https://audit:audit@example.invalid\n", 0o644)
+    assert not target.exists()
+    fix.file(str(slot / "mark"), "own\n", 0o640, os.getuid(), os.getgid())
+    st = os.stat(slot / "mark")
+    assert (slot / "mark").read_text() == "own\n" and stat.S_IMODE(st.st_mode) == 0o640
+    fix.cleanup()
+    assert not (slot / "mark").exists() and (slot / ".git-credentials").is_symlink() and not target.exists()

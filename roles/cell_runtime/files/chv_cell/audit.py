@@ -1053,11 +1053,21 @@ class Fixtures(object):
         self.files, self.dirs, self.procs, self.undo, self.trees = [], [], [], [], []
 
     def file(self, path, text, mode, uid=0, gid=0):
-        with open(path, "w") as fh:
-            fh.write(text)
-        os.chown(path, uid, gid)
-        os.chmod(path, mode)
+        """A new file (never an existing one, never through a link: the audit runs as root in
+        directories a cell writes, where an earlier task may have planted a link at the name)."""
+        parent, name = os.path.split(path)
+        dfd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+        finally:
+            os.close(dfd)
         self.files.append(path)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
 
     def directory(self, path, mode, uid=0, gid=0):
         os.mkdir(path, mode)
@@ -1119,7 +1129,7 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
     read["os_release"] = "/etc/os-release"
     # FS-02: the credentials file (an existing one is used as it is, never changed)
     cred = os.path.join(paths_a["agent_state"], ".git-credentials")
-    if not os.path.exists(cred):
+    if not os.path.lexists(cred):  # a link there (a cell's) is left as it is, never followed
         fix.file(cred, "https://audit:audit@example.invalid\n", 0o644, uid_a, uid_a)
     fix.file(os.path.join(paths_a["agent_state"], mark), "ordinary\n", 0o644, uid_a, uid_a)
     read["credentials"] = os.path.join(home, ".git-credentials")

@@ -7,6 +7,8 @@ services are refused to the browser: test_doors.py). Every refusal sits
 beside a request that succeeds.
 """
 
+import json
+import shlex
 import time
 
 import pytest
@@ -69,22 +71,35 @@ def test_contexts_are_per_slot(host, pages, slots, from_cell, from_one_cell):
     assert theirs.rc == 1 and "no page open" in theirs.error, theirs
 
 
-def test_screenshot_is_a_png_the_cell_reads_and_only_its_own(host, pages, slots, from_one_cell):
+def test_screenshot_is_a_png_the_cell_reads_and_only_its_own(host, pages, slots):
+    """A cell reads its own screenshot (read-only) and no other slot's; a screenshot does not
+    outlive the run that took it (the launcher's end removes the slot's, docs/security.md)."""
     mine, theirs = slots[0], slots[1]
-    opened, other = from_one_cell(theirs, [{"op": "browser", "action": "open", "url": pages},
-                                           {"op": "browser", "action": "screenshot", "name": "theirs"}])
-    assert opened["ok"] and other["ok"] and other["result"]["path"] == "/run/chv/shots/theirs.png", other
-    opened, shot = from_one_cell(mine, [{"op": "browser", "action": "open", "url": pages},
-                                        {"op": "browser", "action": "screenshot", "name": "front"}])
-    assert opened["ok"], opened
-    assert shot["ok"] and shot["result"]["path"] == "/run/chv/shots/front.png" and shot["result"]["bytes"] > 1000, shot
-    probe = ("import os\n"
-             "print(open('/run/chv/shots/front.png', 'rb').read(8).hex())\n"
-             "print(sorted(os.listdir('/run/chv/shots')))\n"
-             "try:\n    open('/run/chv/shots/x', 'w')\nexcept OSError as e:\n    print('write', e.errno)\n")
-    r = in_cell(host, mine, ["python3", "-c", probe])
-    assert r.rc == 0, r.stderr
-    magic, listing, write = r.stdout.splitlines()
+
+    def shoot_and_look(slot, name):
+        # the requests and the look at /run/chv/shots in one cell: the run's end removes its screenshots
+        script = ("python3 %s %s; echo; python3 %s %s; echo; python3 -c %s"
+                  % (CLIENT, shlex.quote(json.dumps({"op": "browser", "action": "open", "url": pages})),
+                     CLIENT, shlex.quote(json.dumps({"op": "browser", "action": "screenshot", "name": name})),
+                     shlex.quote("import os\n"
+                                 "print(open('/run/chv/shots/%s.png', 'rb').read(8).hex())\n"
+                                 "print(sorted(os.listdir('/run/chv/shots')))\n"
+                                 "try:\n    open('/run/chv/shots/x', 'w')\nexcept OSError as e:\n"
+                                 "    print('write', e.errno)\n" % name)))
+        r = in_cell(host, slot, ["sh", "-c", script])
+        assert r.rc == 0, (r.stdout, r.stderr)
+        opened, shot, magic, listing, write = [ln for ln in r.stdout.splitlines() if ln.strip()]
+        assert json.loads(opened)["ok"], opened
+        shot = json.loads(shot)
+        assert shot["ok"] and shot["result"]["path"] == "/run/chv/shots/%s.png" % name, shot
+        assert shot["result"]["bytes"] > 1000, shot
+        return magic, listing, write
+
+    # the other slot's screenshot, taken first: gone with its run
+    assert shoot_and_look(theirs, "theirs")[1] == "['theirs.png']"
+    with host.sudo():
+        assert host.run("ls -A /run/chv-shots/%s", theirs).stdout.split() == []
+    magic, listing, write = shoot_and_look(mine, "front")
     assert magic == PNG_MAGIC
     assert listing == "['front.png']"  # not the other slot's screenshot
     assert write == "write 30"  # EROFS: the cell's view of its screenshots is read-only

@@ -360,9 +360,12 @@ def test_a_live_slot_is_not_released_and_a_forced_release_cuts_its_cell_off(host
             "        open(t + '.out', 'w').write(r); n += 1\n"
             "    time.sleep(0.1)\n")
     ws = "/var/lib/chv-fleet/workspaces/%s" % s1["name"]
+    view = {}
 
     def probe(n):
-        trigger = "%s/probe-%d" % (ws, n)
+        # through the cell's own root: a forced release unmounts the slot's disk on the guest side
+        # (its workspace path there is a plain directory again), while the live cell keeps its mounts
+        trigger = "/proc/%d/root/workspace/probe-%d" % (view["pid"], n)
         host.run_expect([0], "touch %s", trigger)
         host.run_expect([0], "for i in $(seq 100); do test -s %s.out && exit 0; sleep 0.1; done; exit 1", trigger)
         return host.check_output("cat %s.out", trigger)
@@ -374,6 +377,7 @@ def test_a_live_slot_is_not_released_and_a_forced_release_cuts_its_cell_off(host
         host.run_expect([0], "for i in $(seq 100); do test -s /run/chv-fleet/cells/%s.json && exit 0; sleep 0.1; done; "
                              "exit 1", s1["name"])
         pid = json.loads(host.file("/run/chv-fleet/cells/%s.json" % s1["name"]).content_string)["pid"]
+        view["pid"] = pid
         try:
             assert probe(0) == "ok"  # control: the live cell reaches the outside
             refused = run_roles(["chv.fleet.cell_runtime", "chv.fleet.cell_nat"], {"chv_cell_slots": 1},

@@ -108,7 +108,9 @@ def test_run_full_screenshot_fails_with_an_error_and_the_guest_keeps_working(hos
         req({"op": "browser", "action": "screenshot", "name": "before"}),
         "until test -e /workspace/.faults-go; do sleep 0.1; done",
         req({"op": "browser", "action": "screenshot", "name": "full"}),
-        req({"op": "browser", "action": "snapshot"})])
+        req({"op": "browser", "action": "snapshot"}),
+        # what the cell's screenshot directory holds at the end of its run (the run's end removes it)
+        "for f in $(ls -A /run/chv/shots); do echo shot: $f; done"])
     with host.sudo():
         size = host.check_output("findmnt -no SIZE -b /run")
         host.run("systemctl stop chv-faults-shots")  # none, unless an earlier run of this test was cut short
@@ -136,16 +138,17 @@ def test_run_full_screenshot_fails_with_an_error_and_the_guest_keeps_working(hos
             host.run("rm -f %s %s.more %s", FILLER, FILLER, go)
             host.run_expect([0], "mount -o remount,size=%s /run", size)
             host.run("systemctl reset-failed")
-        replies = [json.loads(line) for line in host.check_output("cat %s", out).splitlines()
-                   if line.startswith("{")]
+        lines = host.check_output("cat %s", out).splitlines()
+        replies = [json.loads(line) for line in lines if line.startswith("{")]
+        shots = [line.split(" ", 1)[1] for line in lines if line.startswith("shot: ")]
+        left = host.check_output("ls -A /run/chv-shots/%s", slot).split()
     assert len(replies) == 4, replies
     opened, before, full, snapshot = replies
     assert opened["ok"] and before["ok"] and before["result"]["bytes"] > 0, replies
     assert not full["ok"] and "no space" in full["error"].lower(), full
     assert snapshot["ok"] and snapshot["result"]["title"] == "Faults page", snapshot
-    with host.sudo():
-        shots = host.check_output("ls -A /run/chv-shots/%s", slot).split()
     assert "before.png" in shots and not [s for s in shots if s.startswith(".") or s.startswith("full")], shots
+    assert left == [], left  # the run's end removed the slot's screenshots
     assert assert_isolated_or_refused(host, "after /run was full") == "isolated"
 
 

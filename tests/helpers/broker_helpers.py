@@ -50,6 +50,49 @@ def write_record(cells_dir, slot, pid, uid_base=CELL_UID, uid_size=CELL_UID_SIZE
                    "started": time.time()}, fh)
 
 
+class CellCgroup:
+    """A cgroup v2 directory named as the launcher names a cell's (``chv-cell-<slot>``), under a
+    scratch parent of its own: chv-broker freezes it while the slot's sync runs (freeze.py)."""
+
+    def __init__(self, slot, pids=()):
+        from chv_broker.freeze import cgroup2_root  # pylint: disable=import-outside-toplevel
+        self.root = cgroup2_root()
+        assert self.root, "no cgroup2 hierarchy mounted"
+        self.parent = os.path.join(self.root, "chv-broker-test-%d-%s" % (os.getpid(), os.urandom(4).hex()))
+        self.path = os.path.join(self.parent, "chv-cell-" + slot)
+        os.makedirs(self.path)
+        for pid in pids:
+            self.add(pid)
+
+    def add(self, pid):
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as fh:
+            fh.write(str(pid))
+
+    def frozen(self):
+        with open(os.path.join(self.path, "cgroup.events")) as fh:
+            return "frozen 1" in fh.read().split("\n")
+
+    def close(self):
+        with open(os.path.join(self.path, "cgroup.freeze"), "w") as fh:
+            fh.write("0")
+        with open(os.path.join(self.path, "cgroup.procs")) as fh:
+            left = [int(p) for p in fh.read().split()]
+        for pid in left:  # back to the test's own cgroup
+            try:
+                with open(os.path.join(self.root, "cgroup.procs"), "w") as fh:
+                    fh.write(str(pid))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.rmdir(self.path)
+                os.rmdir(self.parent)
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
 class Cell:
     """A process tree in a fresh pid namespace, standing for a chv cell."""
 
@@ -70,6 +113,8 @@ class Cell:
         # wait until the child really is in its own namespace (after exec)
         while os.readlink("/proc/%d/ns/pid" % self.pid) == os.readlink("/proc/self/ns/pid"):
             time.sleep(0.01)
+        # in a cgroup named as slot0's cell (chv-broker freezes it for a sync of the slot)
+        self.cgroup = CellCgroup("slot0", [self.pid])
 
     def run(self, argv, uid=CELL_UID, **kw):
         """Run argv inside this cell's pid namespace as ``uid``."""
@@ -81,6 +126,7 @@ class Cell:
         # --kill-child: the namespace's init dies with unshare, and the kernel kills the rest
         self.unshare.kill()
         self.unshare.wait()
+        self.cgroup.close()
 
 
 @pytest.fixture
@@ -184,49 +230,6 @@ def broker_proc(env):
     yield b
     b.stop()
     listener.close()
-
-
-class CellCgroup:
-    """A cgroup v2 directory named as the launcher names a cell's (``chv-cell-<slot>``), under a
-    scratch parent of its own: chv-broker freezes it while the slot's sync runs (freeze.py)."""
-
-    def __init__(self, slot, pids=()):
-        from chv_broker.freeze import cgroup2_root  # pylint: disable=import-outside-toplevel
-        self.root = cgroup2_root()
-        assert self.root, "no cgroup2 hierarchy mounted"
-        self.parent = os.path.join(self.root, "chv-broker-test-%d-%s" % (os.getpid(), os.urandom(4).hex()))
-        self.path = os.path.join(self.parent, "chv-cell-" + slot)
-        os.makedirs(self.path)
-        for pid in pids:
-            self.add(pid)
-
-    def add(self, pid):
-        with open(os.path.join(self.path, "cgroup.procs"), "w") as fh:
-            fh.write(str(pid))
-
-    def frozen(self):
-        with open(os.path.join(self.path, "cgroup.events")) as fh:
-            return "frozen 1" in fh.read().split("\n")
-
-    def close(self):
-        with open(os.path.join(self.path, "cgroup.freeze"), "w") as fh:
-            fh.write("0")
-        with open(os.path.join(self.path, "cgroup.procs")) as fh:
-            left = [int(p) for p in fh.read().split()]
-        for pid in left:  # back to the test's own cgroup
-            try:
-                with open(os.path.join(self.root, "cgroup.procs"), "w") as fh:
-                    fh.write(str(pid))
-            except OSError:
-                pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                os.rmdir(self.path)
-                os.rmdir(self.parent)
-                return
-            except OSError:
-                time.sleep(0.05)
 
 
 class InProcess:

@@ -217,6 +217,8 @@ def _unlink_quietly(path):
 
 # requests never refused for capacity: a slot's teardown must always get through
 UNCOUNTED_ACTIONS = ("close",)
+# Playwright's words when a goto lost to a navigation the page had already begun
+NAVIGATION_INTERRUPTED = "is interrupted by another navigation"
 # seconds a context.close() may take before it is given up on (logged); chromium is not waited for forever
 CLOSE_TIMEOUT = 10.0
 # how much longer than request_timeout a connection thread waits for the loop before giving up on it:
@@ -561,7 +563,15 @@ class Engine:
     # ------------------------------------------------------------ operations (loop thread, slot lock held)
     async def op_open(self, slot, url):
         page = await self._page(slot, create=True)
-        resp = await page.goto(url, wait_until="load")
+        try:
+            resp = await page.goto(url, wait_until="load")
+        except Exception as exc:  # Playwright's Error: only this one message is retried
+            if NAVIGATION_INTERRUPTED not in str(exc):
+                raise
+            # the page was still committing an earlier navigation (chromium's own error page
+            # after a refused open, or the previous request's): that one wins the race, ours
+            # is asked for once more
+            resp = await page.goto(url, wait_until="load")
         out = await self._describe(page)
         out["status"] = resp.status if resp is not None else None
         return out

@@ -349,8 +349,8 @@ class InterruptedPage(FakePage):
     (2, "interrupted", 2, False),  # twice: the error goes back to the cell
     (1, "refused", 1, False),      # any other error is never retried
 ])
-def test_an_open_that_lost_to_an_earlier_navigation_is_asked_for_once_more(tmp_path, interruptions, error, gotos,
-                                                                          opened):
+def test_an_open_that_lost_to_an_earlier_navigation_is_asked_for_once_more(
+        tmp_path, interruptions, error, gotos, opened):
     eng = make_engine(tmp_path)
     page = InterruptedPage(interruptions, error)
     eng.contexts[SLOT]["page"] = page

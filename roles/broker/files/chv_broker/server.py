@@ -47,7 +47,9 @@ DEFAULTS = {
     "max_connections_per_slot": 4,
     "max_requests_per_slot": 2,
     # the host's slot count (the role renders it from the slot identities); 0: unknown
+    # the host's slot count for that floor; 0: the slots of the cell policy, counted at start
     "slots": 0,
+    "cell_policy": "/etc/chv-fleet/cell-policy.json",  # chv_cell/policy.py DEFAULT_POLICY_PATH
     "sync": {
         "enabled": True,
         "commands": {
@@ -283,7 +285,8 @@ class Broker:
                                           "connections open")
         self.requests = wire.SlotQuota("max_requests_per_slot", config["max_requests_per_slot"],
                                        "requests in flight")
-        self.max_connections = wire.global_cap(config["max_connections"], config["slots"],
+        slots = config["slots"] or wire.policy_slots(config["cell_policy"])
+        self.max_connections = wire.global_cap(config["max_connections"], slots,
                                                config["max_connections_per_slot"])
 
     # -------------------------------------------------------------- operations

@@ -122,7 +122,9 @@ DEFAULTS = {
     # requests of one slot in flight at once (read, queued or running); more get "busy"
     "max_requests_per_slot": 2,
     # the host's slot count (the role renders it from chv_browser_slots); 0: unknown
+    # the host's slot count for that floor; 0: the slots of the cell policy, counted at start
     "slots": 0,
+    "cell_policy": "/etc/chv-fleet/cell-policy.json",  # chv_cell/policy.py DEFAULT_POLICY_PATH
     "playwright_version": "",
     # pages a slot's context may have open at once, its own page included (popups beyond it are
     # closed at once; every popup is closed when the request that let it open ends)
@@ -645,8 +647,9 @@ class Server:
         self._inflight = 0  # connections being handled
         per_slot = cfg.get("max_requests_per_slot", DEFAULTS["max_requests_per_slot"])
         self.requests = wire.SlotQuota("max_requests_per_slot", per_slot, "requests in flight")
+        slots = cfg.get("slots", 0) or wire.policy_slots(cfg.get("cell_policy", DEFAULTS["cell_policy"]))
         self.max_connections = wire.global_cap(cfg.get("max_connections", DEFAULTS["max_connections"]),
-                                               cfg.get("slots", 0), per_slot)
+                                               slots, per_slot)
 
     def dispatch(self, req, conn=None):
         slot = check_slot(req.get("slot"))

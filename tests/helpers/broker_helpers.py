@@ -50,6 +50,49 @@ def write_record(cells_dir, slot, pid, uid_base=CELL_UID, uid_size=CELL_UID_SIZE
                    "started": time.time()}, fh)
 
 
+class CellCgroup:
+    """A cgroup v2 directory named as the launcher names a cell's (``chv-cell-<slot>``), under a
+    scratch parent of its own: chv-broker freezes it while the slot's sync runs (freeze.py)."""
+
+    def __init__(self, slot, pids=()):
+        from chv_broker.freeze import cgroup2_root  # pylint: disable=import-outside-toplevel
+        self.root = cgroup2_root()
+        assert self.root, "no cgroup2 hierarchy mounted"
+        self.parent = os.path.join(self.root, "chv-broker-test-%d-%s" % (os.getpid(), os.urandom(4).hex()))
+        self.path = os.path.join(self.parent, "chv-cell-" + slot)
+        os.makedirs(self.path)
+        for pid in pids:
+            self.add(pid)
+
+    def add(self, pid):
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as fh:
+            fh.write(str(pid))
+
+    def frozen(self):
+        with open(os.path.join(self.path, "cgroup.events")) as fh:
+            return "frozen 1" in fh.read().split("\n")
+
+    def close(self):
+        with open(os.path.join(self.path, "cgroup.freeze"), "w") as fh:
+            fh.write("0")
+        with open(os.path.join(self.path, "cgroup.procs")) as fh:
+            left = [int(p) for p in fh.read().split()]
+        for pid in left:  # back to the test's own cgroup
+            try:
+                with open(os.path.join(self.root, "cgroup.procs"), "w") as fh:
+                    fh.write(str(pid))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.rmdir(self.path)
+                os.rmdir(self.parent)
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
 class Cell:
     """A process tree in a fresh pid namespace, standing for a chv cell."""
 
@@ -70,6 +113,8 @@ class Cell:
         # wait until the child really is in its own namespace (after exec)
         while os.readlink("/proc/%d/ns/pid" % self.pid) == os.readlink("/proc/self/ns/pid"):
             time.sleep(0.01)
+        # in a cgroup named as slot0's cell (chv-broker freezes it for a sync of the slot)
+        self.cgroup = CellCgroup("slot0", [self.pid])
 
     def run(self, argv, uid=CELL_UID, **kw):
         """Run argv inside this cell's pid namespace as ``uid``."""
@@ -81,6 +126,7 @@ class Cell:
         # --kill-child: the namespace's init dies with unshare, and the kernel kills the rest
         self.unshare.kill()
         self.unshare.wait()
+        self.cgroup.close()
 
 
 @pytest.fixture
@@ -197,6 +243,8 @@ class InProcess:
     def __init__(self, env, uid_base=0, uid_size=CELL_UID + CELL_UID_SIZE):
         self.env = env
         self.leader = subprocess.Popen(["sleep", "600"])
+        # the cell's cgroup: chv-broker freezes it while a sync of the slot runs
+        self.cgroup = CellCgroup("slot0", [self.leader.pid])
         write_record(env["cells"], "slot0", self.leader.pid, uid_base, uid_size)
         self.cfg = server.load_config(env["config"])
         self.log = open(os.path.join(env["root"], "inproc.log"), "w")
@@ -221,6 +269,7 @@ class InProcess:
         self.listener.close()
         self.leader.kill()
         self.leader.wait()
+        self.cgroup.close()
         self.log.close()
 
 
@@ -261,6 +310,8 @@ class SlotInProcess(InProcess):
             rec["slot"] = slot
             with open(os.path.join(env["cells"], slot + ".json"), "w") as fh:
                 json.dump(rec, fh)
+            self.cgroup.close()
+            self.cgroup = CellCgroup(slot, [self.leader.pid])
         self.peer_uid = uid_base if peer_uid is None else peer_uid
 
     def raw(self, data, timeout=60):

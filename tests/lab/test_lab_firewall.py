@@ -1,8 +1,10 @@
 """The lab host's input filter (lab/roles/lab/templates/nat.nft.j2, chain
-input): a guest reaches a listener of the lab host inside the recorded
-test listener range (lab.json listener_ports, role default
-lab_listener_ports) and not one outside it (refused: TCP reset, ICMP port unreachable), in the
-same run. On the one-guest lab of tests/lab/conftest.py."""
+input_from_guest, for what arrives on the lab's veths): a guest reaches a
+listener of the lab host inside the recorded test listener range (lab.json
+listener_ports, role default lab_listener_ports) and not one outside it
+(refused: TCP reset, ICMP port unreachable), in the same run, over IPv4 and
+over the IPv6 link-local addresses of its veth alike. On the one-guest lab
+of tests/lab/conftest.py."""
 
 import json
 import os
@@ -33,11 +35,18 @@ print(json.dumps(out))
 '''
 
 
+def sockaddr(address, port):
+    """(family, the address to bind or connect): IPv4, or IPv6 with a scope (fe80::...%ve-x)."""
+    fam, dummy_t, dummy_p, dummy_c, addr = socket.getaddrinfo(address, port, 0, socket.SOCK_STREAM)[0]
+    return fam, addr
+
+
 def listen(address, port):
     """A TCP listener on (address, port) answering every connection with b"hello"."""
-    srv = socket.socket()
+    fam, addr = sockaddr(address, port)
+    srv = socket.socket(fam)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((address, port))
+    srv.bind(addr)
     srv.listen(8)
 
     def serve():
@@ -55,9 +64,10 @@ def listen(address, port):
 
 def free_port(address, lo, hi):
     for port in range(lo, hi + 1):
-        s = socket.socket()
+        fam, addr = sockaddr(address, port)
+        s = socket.socket(fam)
         try:
-            s.bind((address, port))
+            s.bind(addr)
             return port
         except OSError:
             continue
@@ -103,7 +113,46 @@ def test_a_guest_reaches_the_lab_host_only_in_the_listener_range(lab):
     assert local == {inside_port: b"hello", outside_port: b"hello"}
     # the drop is the lab table's input chain
     table = "chv_lab_" + lab["lab"]
-    listing = subprocess.run(["nft", "list", "chain", "ip", table, "input"], capture_output=True, text=True,
-                             check=True).stdout
+    listing = subprocess.run(["nft", "list", "chain", "inet", table, "input_from_guest"], capture_output=True,
+                             text=True, check=True).stdout
     assert "th dport %s accept" % lab["listener_ports"] in listing
     assert re.search(r"meta l4proto tcp counter packets [1-9][0-9]* bytes [0-9]+ reject with tcp reset", listing), listing
+
+
+def link_local(ifname):
+    """The IPv6 link-local address of one of the lab host's interfaces."""
+    out = subprocess.run(["ip", "-j", "-6", "addr", "show", "dev", ifname, "scope", "link"], capture_output=True,
+                         text=True, check=True).stdout
+    return [a["local"] for e in json.loads(out) for a in e.get("addr_info", []) if a.get("family") == "inet6"][0]
+
+
+def test_a_guest_reaches_the_lab_host_over_ipv6_link_local_only_in_the_listener_range(lab):
+    """The guest's veth has an IPv6 link-local address at both ends although
+    the lab is IPv4: the same range, the same refusal, over IPv6."""
+    guest = lab["guests"][0]
+    host_ll = link_local(guest["host_ifname"])
+    here = "%s%%%s" % (host_ll, guest["host_ifname"])    # the lab host's view of its own end
+    there = "%s%%%s" % (host_ll, guest["ifname"])        # the guest's view: its interface as the scope
+    lo, hi = (int(x) for x in lab["listener_ports"].split("-"))
+    inside_port = free_port(here, lo, hi)
+    outside_port = free_port(here, hi + 1, hi + 1000)
+    low_port = free_port(here, 1024, lo - 1)
+    servers = [listen(here, p) for p in (inside_port, outside_port, low_port)]
+    try:
+        r = on_guest(lab, guest, "python3", "-I", "-c", CONNECT,
+                     json.dumps([[there, inside_port], [there, outside_port], [there, low_port]]))
+        local = {}
+        for p in (inside_port, outside_port, low_port):
+            fam, addr = sockaddr(here, p)
+            with socket.socket(fam) as c:
+                c.settimeout(4)
+                c.connect(addr)
+                local[p] = c.recv(5)
+    finally:
+        for s in servers:
+            s.close()
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got[str(inside_port)] == "hello", got  # control: in the range (neighbour discovery works)
+    assert got[str(outside_port)] == "ConnectionRefusedError" and got[str(low_port)] == "ConnectionRefusedError", got
+    assert local == {inside_port: b"hello", outside_port: b"hello", low_port: b"hello"}

@@ -116,14 +116,18 @@ def test_child_mode_starts_the_worker_with_the_jail(monkeypatch, tmp_path):
     """isolation child: the worker gets --jail with the slot's ids and the same properties as a unit."""
     seen = {}
 
-    class FakePopen:
-        returncode = 0
+    def fake_run_worker(argv, env, stdin_data, cap, timeout, leader_pidfd=None, kill=None):
+        seen["argv"], seen["env"], seen["leader"] = argv, env, leader_pidfd
+        return {"returncode": 0, "stdout": b"", "stderr": b"\x1b[31mred\x1b[0m\r\nline\n",
+                "truncated": False, "ended": None}
 
-        def __init__(self, argv, **kw):
-            seen["argv"], seen["kw"] = argv, kw
+    class FakeFreezer:
+        def freeze(self, cell):
+            seen["frozen"] = cell["slot"]
+            return "cg"
 
-        def communicate(self, data, timeout):
-            return b"", b"\x1b[31mred\x1b[0m\r\nline\n"
+        def thaw(self, d):
+            seen["thawed"] = d
 
     if os.geteuid() != 0:
         pytest.skip("chown needs root")
@@ -133,15 +137,16 @@ def test_child_mode_starts_the_worker_with_the_jail(monkeypatch, tmp_path):
     cfg = server.merge(server.DEFAULTS, {"workspaces_dir": str(ws_dir), "sync": {"isolation": "child",
                                                                                   "credentials_file": ""}})
     broker = server.Broker(cfg)
-    monkeypatch.setattr(server.subprocess, "Popen", FakePopen)
-    cell = {"slot": "slot3", "uid_base": 720896, "uid_size": 65536}
+    monkeypatch.setattr(server, "run_worker", fake_run_worker)
+    broker.freezer = FakeFreezer()
+    cell = {"slot": "slot3", "pid": os.getpid(), "uid_base": 720896, "uid_size": 65536}
     rep = broker.op_sync(cell, {"op": "sync", "action": "status", "repo": "."})
     argv = seen["argv"]
     assert argv[argv.index("--jail") - 1].endswith("syncrun.py")
     jail = json.loads(argv[argv.index("--jail") + 1])
     assert jail["uid"] == jail["gid"] == 720896  # uid_base, not the owner (+5) nor its group 4242
     assert jail["properties"] == server.sync_mount_properties(cfg["sync"], str(ws_dir), str(ws_dir / "slot3"))
-    assert "user" not in seen["kw"] and "group" not in seen["kw"]
+    assert seen["leader"] is not None and seen["frozen"] == "slot3" and seen["thawed"] == "cg"
     assert rep["stderr"] == "?[31mred?[0m?\nline\n"  # control characters never reach the cell
 
 

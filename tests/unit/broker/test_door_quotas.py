@@ -288,3 +288,25 @@ def test_the_agreement_check_sees_a_default_that_differs():
     assert changed["max_connections_per_slot"] != role_defaults["chv_broker_max_connections_per_slot"]
     assert _template_vars("broker", "broker.json.j2")["max_connections_per_slot"] == \
         "chv_broker_max_connections_per_slot"
+
+
+def test_without_a_slot_count_the_doors_count_the_cell_policys_slots(tmp_path):
+    """The rendered configurations carry no slot count (a run of one role or a tagged run does
+    not know the identities, and must not change the file): the doors count the slots of the
+    cell policy at start. Control: an explicit count wins; no policy, no floor."""
+    policy = tmp_path / "cell-policy.json"
+    policy.write_text(json.dumps({"version": 1, "slots": [{"name": "slot%d" % i} for i in range(16)]}))
+    per_slot = server.DEFAULTS["max_connections_per_slot"]
+    assert wire.policy_slots(str(policy)) == 16
+    assert _broker(cell_policy=str(policy))[0].max_connections == 17 * per_slot
+    assert _broker(cell_policy=str(policy), slots=2)[0].max_connections == server.DEFAULTS["max_connections"]
+    assert _broker(cell_policy=str(tmp_path / "absent.json"))[0].max_connections == server.DEFAULTS["max_connections"]
+    from browser_helpers import Recorder  # noqa: PLC0415  # pylint: disable=import-outside-toplevel
+
+    browser = bserver.Server(dict(bserver.DEFAULTS, cell_policy=str(policy)), Recorder())
+    assert browser.max_connections == 17 * bserver.DEFAULTS["max_requests_per_slot"]
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert wire.policy_slots(str(tmp_path / "bad.json")) == 0
+    for template in ("broker/templates/broker.json.j2", "browser/templates/browser.json.j2"):
+        with open(os.path.join(ROOT, "roles", template), encoding="utf-8") as fh:
+            assert '"slots"' not in fh.read(), template

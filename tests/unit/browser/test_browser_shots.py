@@ -322,3 +322,45 @@ def test_a_bad_quota_in_the_configuration_stops_the_start(tmp_path, capsys, key,
     assert server.main(["--config", str(config)]) == 1
     line = json.loads(capsys.readouterr().err.splitlines()[-1])
     assert line["verdict"] == "refused-start" and line["reason"].startswith(key + " must be")
+
+
+class InterruptedPage(FakePage):
+    """A page whose first ``interruptions`` gotos lose to a navigation already under way, as
+    chromium's error page after a refused open makes Playwright's goto fail."""
+
+    def __init__(self, interruptions, error="interrupted"):
+        super().__init__(PNG)
+        self.gotos, self.interruptions, self.error = [], interruptions, error
+
+    async def goto(self, url, **_kwargs):
+        self.gotos.append(url)
+        if len(self.gotos) <= self.interruptions:
+            if self.error == "interrupted":
+                raise RuntimeError('Page.goto: Navigation to "%s" is interrupted by another navigation to '
+                                   '"chrome-error://chromewebdata/"' % url)
+            raise RuntimeError("Page.goto: net::ERR_CONNECTION_REFUSED at %s" % url)
+        self.url = url
+        return None
+
+
+@pytest.mark.parametrize("interruptions, error, gotos, opened", [
+    (0, "interrupted", 1, True),   # the control: a plain open
+    (1, "interrupted", 2, True),   # lost to the earlier navigation once: asked for once more
+    (2, "interrupted", 2, False),  # twice: the error goes back to the cell
+    (1, "refused", 1, False),      # any other error is never retried
+])
+def test_an_open_that_lost_to_an_earlier_navigation_is_asked_for_once_more(
+        tmp_path, interruptions, error, gotos, opened):
+    eng = make_engine(tmp_path)
+    page = InterruptedPage(interruptions, error)
+    eng.contexts[SLOT]["page"] = page
+    try:
+        if opened:
+            out = eng.loop.run_until_complete(eng.op_open(SLOT, "http://example.test/next"))
+            assert out["url"] == "http://example.test/next" and out["status"] is None
+        else:
+            with pytest.raises(RuntimeError):
+                eng.loop.run_until_complete(eng.op_open(SLOT, "http://example.test/next"))
+        assert len(page.gotos) == gotos
+    finally:
+        eng.loop.close()

@@ -4,6 +4,7 @@ import json
 import os
 import pwd
 import re
+import select
 import signal
 import socket
 import stat
@@ -14,6 +15,7 @@ import time
 import uuid
 
 from . import wire
+from .freeze import Freezer, FreezeError, thaw_all
 from .peer import PeerChecker, PeerRejected, incarnation
 from .protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
                        url_scheme_allowed)
@@ -45,7 +47,9 @@ DEFAULTS = {
     "max_connections_per_slot": 4,
     "max_requests_per_slot": 2,
     # the host's slot count (the role renders it from the slot identities); 0: unknown
+    # the host's slot count for that floor; 0: the slots of the cell policy, counted at start
     "slots": 0,
+    "cell_policy": "/etc/chv-fleet/cell-policy.json",  # chv_cell/policy.py DEFAULT_POLICY_PATH
     "sync": {
         "enabled": True,
         "commands": {
@@ -61,6 +65,13 @@ DEFAULTS = {
         # allow-list of git hosts (chv_broker_sync_hosts); empty: no host check in chv-broker
         "hosts": [],
         "max_output_bytes": 65536,
+        # the worker's own limits (both isolation modes; "unit" has its unit's properties too):
+        # address space (bytes) and CPU time (seconds) of the worker and git (setrlimit)
+        "rlimit_as": 4294967296,
+        "rlimit_cpu": 300,
+        # the cell is frozen while its sync runs (freeze.py): "cgroup.freeze" of its cgroup
+        # (or systemctl freeze of its scope where chv-broker's cgroup fs is read-only)
+        "systemctl": "/usr/bin/systemctl",
         "python": "/usr/bin/python3",
         # "unit": each sync runs in a transient systemd service of its own
         # (systemd-run), so chv-broker itself needs no network and no
@@ -116,7 +127,11 @@ def sync_mount_properties(scfg, workspaces_dir, workspace):
                                    "BindPaths=%s" % workspace, "ReadWritePaths=%s" % workspace]
 
 
-def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker, workspaces_dir=None):
+def sync_unit_name(slot):
+    return "chv-broker-sync-%s-%s" % (slot, uuid.uuid4().hex[:12])
+
+
+def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker, workspaces_dir=None, unit=None):
     """systemd-run argv that runs the sync worker in a transient service of its own.
 
     The service starts as root with CAP_SETUID/CAP_SETGID only, in the
@@ -127,7 +142,7 @@ def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker, workspaces_dir=
     """
     mounts = sync_mount_properties(scfg, workspaces_dir or os.path.dirname(workspace), workspace)
     argv = [scfg["systemd_run"], "--quiet", "--wait", "--pipe", "--collect", "--service-type=exec",
-            "--unit=chv-broker-sync-%s-%s" % (slot, uuid.uuid4().hex[:12]),
+            "--unit=" + (unit or sync_unit_name(slot)),
             "--description=chv-broker sync for %s" % slot,
             "--property=RuntimeMaxSec=%d" % max(1, int(scfg["timeout"])),
             "--property=WorkingDirectory=/"]
@@ -144,6 +159,88 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def printable(text):
     """``text`` with control characters (terminal escapes, NULs, CRs) as "?"; newlines and tabs kept."""
     return _CONTROL.sub("?", text)
+
+
+def run_worker(argv, env, stdin_data, cap, timeout, leader_pidfd=None, kill=None):
+    """Run the sync worker; never hold more than ``cap`` bytes of each of its outputs.
+
+    Reads stdout and stderr as they come; once either passes ``cap`` the
+    worker's process group is killed (and ``kill()`` called: the transient
+    unit) and the result says "truncated". The same happens at ``timeout``
+    and when ``leader_pidfd`` (the cell's leader) becomes readable: the cell
+    ended, its sync must not outlive it. Returns {"returncode", "stdout",
+    "stderr", "truncated", "ended": None | "timeout" | "cell" | "output"}.
+    """
+    proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    pending, ended, truncated = memoryview(stdin_data or b""), None, False
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        poller.register(fd, select.POLLIN)
+    wfd = proc.stdin.fileno()
+    if pending:
+        os.set_blocking(wfd, False)
+        poller.register(wfd, select.POLLOUT)
+    else:
+        proc.stdin.close()
+    if leader_pidfd is not None:
+        poller.register(leader_pidfd, select.POLLIN)
+    open_fds = set(bufs)
+    try:
+        while open_fds and ended is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ended = "timeout"
+                break
+            for fd, ev in poller.poll(min(left, 1.0) * 1000):
+                if fd == leader_pidfd:
+                    ended = "cell"
+                elif fd == wfd:
+                    try:
+                        pending = pending[os.write(wfd, pending):]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending or ev & (select.POLLERR | select.POLLHUP):
+                        poller.unregister(wfd)
+                        proc.stdin.close()
+                elif fd in bufs:
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                        continue
+                    room = cap - len(bufs[fd])
+                    bufs[fd] += chunk[:max(room, 0)]
+                    if len(chunk) > room:
+                        truncated, ended = True, "output"
+    finally:
+        if ended is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if kill is not None:
+                kill()
+        if not proc.stdin.closed:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()) if ended is None else 10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return {"returncode": proc.returncode, "stdout": bytes(bufs[out_fd]), "stderr": bytes(bufs[err_fd]),
+            "truncated": truncated, "ended": None if ended == "output" else ended}
 
 
 class OpError(Exception):
@@ -179,6 +276,7 @@ class Broker:
         self.cfg = config
         self.log = log
         self.peers = PeerChecker(config["cells_dir"])
+        self.freezer = Freezer(systemctl=config["sync"]["systemctl"])
         self.slots_seen = set()  # slots that used the browser, for the reaper
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -187,7 +285,8 @@ class Broker:
                                           "connections open")
         self.requests = wire.SlotQuota("max_requests_per_slot", config["max_requests_per_slot"],
                                        "requests in flight")
-        self.max_connections = wire.global_cap(config["max_connections"], config["slots"],
+        slots = config["slots"] or wire.policy_slots(config["cell_policy"])
+        self.max_connections = wire.global_cap(config["max_connections"], slots,
                                                config["max_connections_per_slot"])
 
     # -------------------------------------------------------------- operations
@@ -258,13 +357,18 @@ class Broker:
         credentials = self._credentials()
         spec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
                 "protocols": scfg["protocols"], "hosts": scfg["hosts"],
-                "credential_helper": os.path.join(HERE, "credential.py") if credentials else ""}
+                # run by the interpreter: the installed package's files are not executable
+                "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
+                                      if credentials else ""),
+                "rlimit_as": int(scfg["rlimit_as"]), "rlimit_cpu": int(scfg["rlimit_cpu"])}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         worker = [scfg["python"], "-I", os.path.join(HERE, "syncrun.py")]
+        unit = None
         if scfg["isolation"] == "unit":
             # systemd stops the unit after RuntimeMaxSec; give systemd-run a moment to report that
+            unit = sync_unit_name(cell["slot"])
             argv = sync_unit_argv(scfg, cell["slot"], workspace, uid, gid, env, worker + [json.dumps(spec)],
-                                  self.cfg["workspaces_dir"])
+                                  self.cfg["workspaces_dir"], unit=unit)
             grace = 10
         else:
             # the worker starts as root, makes the same mount namespace and drops to uid/gid
@@ -272,26 +376,46 @@ class Broker:
             jail = {"uid": uid, "gid": gid, "workspace": workspace,
                     "properties": sync_mount_properties(scfg, self.cfg["workspaces_dir"], workspace)}
             argv, grace = worker + ["--jail", json.dumps(jail), json.dumps(spec)], 0
-        # the credentials go to the worker on its stdin (it keeps them in a memfd for git's helper)
-        proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        # the sync ends with the run it is for: the leader's pidfd is watched while the worker runs
         try:
-            out, errout = proc.communicate(credentials, timeout=scfg["timeout"] + grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise OpError("sync %s timed out after %ss" % (action, scfg["timeout"])) from None
-        if proc.returncode == 120:
+            leader = os.pidfd_open(int(cell["pid"]))
+        except OSError:
+            raise OpError("the cell has ended") from None
+        try:
+            # the cell does not run while its repository is checked and used (freeze.py)
+            try:
+                frozen = self.freezer.freeze(cell)
+            except FreezeError as exc:
+                raise OpError("sync refused: the cell cannot be frozen for its sync: %s" % exc) from None
+            try:
+                res = run_worker(argv, env, credentials, scfg["max_output_bytes"], scfg["timeout"] + grace,
+                                 leader, kill=lambda: self._kill_unit(unit))
+            finally:
+                self.freezer.thaw(frozen)
+        finally:
+            os.close(leader)
+        if res["ended"] == "timeout":
+            raise OpError("sync %s timed out after %ss" % (action, scfg["timeout"]))
+        if res["ended"] == "cell":
+            raise OpError("sync %s stopped: the cell ended" % action)
+        out, errout = res["stdout"], res["stderr"]
+        if res["returncode"] == 120 and not res["truncated"]:
             try:
                 reason = json.loads(out.decode("utf-8").splitlines()[0])["rejected"]
             except (ValueError, KeyError, IndexError):
                 reason = "rejected"
             raise OpError("sync rejected: " + reason)
-        cap = scfg["max_output_bytes"]
-        return {"action": action, "returncode": proc.returncode,
-                "stdout": out[:cap].decode("utf-8", "replace"),
-                "stderr": printable(errout[:cap].decode("utf-8", "replace")),
-                "truncated": len(out) > cap or len(errout) > cap}
+        return {"action": action, "returncode": res["returncode"],
+                "stdout": out.decode("utf-8", "replace"),
+                "stderr": printable(errout.decode("utf-8", "replace")),
+                "truncated": res["truncated"]}
+
+    def _kill_unit(self, unit):
+        """Stop a sync's transient service (killing systemd-run does not stop the unit)."""
+        if unit is None:
+            return
+        subprocess.run([self.cfg["sync"]["systemctl"], "kill", "--signal=SIGKILL", "--", unit + ".service"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
 
     def op_browser(self, cell, req):
         action = req.get("action")
@@ -425,8 +549,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="chv-broker")
     ap.add_argument("--config", default="/etc/chv-fleet/broker.json")
     ap.add_argument("--listen", help="bind this Unix socket path instead of socket activation (development)")
+    ap.add_argument("--thaw-all", action="store_true",
+                    help="thaw every cell's cgroup of the cell records and exit (ExecStartPre=/ExecStopPost=:"
+                         " a crashed chv-broker leaves no cell frozen)")
     args = ap.parse_args(argv)
     cfg = load_config(args.config if os.path.exists(args.config) else None)
+    if args.thaw_all:
+        for d in thaw_all(cfg["cells_dir"], Freezer(systemctl=cfg["sync"]["systemctl"])):
+            audit(sys.stderr, AUDIT_EVENT, verdict="thawed", slot=None, op=None, duration_ms=0, cgroup=d)
+        return 0
     listener = wire.listener_from_env(os.environ)
     if listener is None:
         if not args.listen:

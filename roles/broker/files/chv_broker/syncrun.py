@@ -501,8 +501,13 @@ def current_branch(prefix, env):
     return ref[len("refs/heads/"):] if ref.startswith("refs/heads/") else None
 
 
-def prepare(spec, environ):
-    """Everything but the exec: returns (argv, env).  Raises Rejected."""
+def prepare(spec, environ, targets=None):
+    """Everything but the exec: returns (argv, env).  Raises Rejected.
+
+    ``targets`` (a set) gets the (protocol, host, port) of every remote URL
+    the git command contacts, as checked: credential_lines keeps only theirs.
+    """
+    targets = set() if targets is None else targets
     ws_real = os.path.realpath(spec["workspace"])
     real = confine(spec["workspace"], spec["repo"])
     os.chdir(real)
@@ -524,10 +529,23 @@ def prepare(spec, environ):
         for d in dirs.decode("utf-8", "replace").splitlines():
             if not inside(ws_real, d):
                 raise Rejected("the repository's git directory lies outside the slot's workspace")
+        try:
+            remotes = sync_remotes(argv, [(k, v or "") for k, v in config], current_branch(prefix, env))
+        except Rejected:
+            if hosts:
+                raise
+            remotes = None  # cannot tell: no host check asked for, and no credentials (credential_lines)
         if hosts:
-            for name, urls in sync_remotes(argv, [(k, v or "") for k, v in config], current_branch(prefix, env)):
+            for name, urls in remotes:
                 for url in urls:
                     check_remote(name, url, hosts)
+        for _name, urls in remotes or ():
+            for url in urls:
+                try:
+                    proto, host, port, _d = parse_remote_url(url)
+                except ValueError:
+                    continue
+                targets.add((proto, host, port))
         argv = prefix + argv[1:]
     elif hosts:
         sync_remotes(argv, [], None)  # refuses: not git
@@ -706,16 +724,57 @@ def enter_jail(jail):
         raise JailError("the sync worker did not become the slot's uid/gid")
 
 
-def credentials_fd(stream):
-    """chv-broker writes the credential file's content to our stdin; keep it
-    in an unnamed memfd that git's credential helper inherits (CHV_BROKER_CRED_FD)."""
-    data = stream.read(1 << 20)
+def credential_lines(data, targets):
+    """The credential file's lines for the remotes the sync contacts, nothing else.
+
+    ``data``: git-credential-store lines (bytes); ``targets``: (protocol, host,
+    port) of the checked remote URLs. A line is kept when its scheme is the
+    protocol and its host the host (its port, if it names one, the port).
+    """
+    from urllib.parse import urlsplit  # pylint: disable=import-outside-toplevel
+    keep = []
+    for raw in data.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(b"#"):
+            continue
+        try:
+            u = urlsplit(line.decode("utf-8"))
+            host, port = (u.hostname or "").lower().rstrip("."), u.port
+        except (UnicodeDecodeError, ValueError):
+            continue
+        for proto, thost, tport in targets:
+            if u.scheme == proto and _host_text(thost) == host and (port or DEFAULT_PORTS.get(proto)) == tport:
+                keep.append(line)
+                break
+    return b"\n".join(keep) + b"\n" if keep else b""
+
+
+def _host_text(host):
+    return host[1:-1] if host.startswith("[") else host
+
+
+def credentials_fd(data):
+    """The credentials git's helper may answer with, in an unnamed memfd (CHV_BROKER_CRED_FD).
+
+    Inheritable: git starts the helper (credential.py) through git-remote-https,
+    so git's process tree inherits it; the cell is frozen and the config checked,
+    so no program of the cell's choosing runs in that tree, and the memfd holds
+    only the lines of the host(s) checked (credential_lines)."""
     if not data:
         return None
     fd = os.memfd_create("chv-broker-credentials", 0)
     os.write(fd, data)
     os.set_inheritable(fd, True)
     return fd
+
+
+def set_limits(spec):
+    """The worker's and git's address space and CPU time (setrlimit; chv-broker's sync.rlimit_*)."""
+    import resource  # pylint: disable=import-outside-toplevel
+    for key, res in (("rlimit_as", resource.RLIMIT_AS), ("rlimit_cpu", resource.RLIMIT_CPU)):
+        value = int(spec.get(key) or 0)
+        if value > 0:
+            resource.setrlimit(res, (value, value))
 
 
 def main(args):
@@ -728,15 +787,19 @@ def main(args):
             return REJECT_STATUS
         args = args[2:]
     spec = json.loads(args[0])
-    fd = credentials_fd(sys.stdin.buffer)
-    if fd is not None:
-        os.environ["CHV_BROKER_CRED_FD"] = str(fd)
+    set_limits(spec)
+    data = sys.stdin.buffer.read(1 << 20)
+    targets = set()
     try:
-        argv, env = prepare(spec, os.environ)
+        argv, env = prepare(spec, os.environ, targets)
     except Rejected as exc:
         sys.stdout.write(json.dumps({"rejected": str(exc)}) + "\n")
         sys.stdout.flush()
         return REJECT_STATUS
+    fd = credentials_fd(credential_lines(data, targets))
+    del data
+    if fd is not None:
+        env["CHV_BROKER_CRED_FD"] = str(fd)
     sys.stdout.flush()
     os.execvpe(argv[0], argv, env)
     return 127  # not reached

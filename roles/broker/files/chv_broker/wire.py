@@ -176,6 +176,18 @@ class SlotQuota:
             return sum(self._held.values())
 
 
+def policy_slots(path):
+    """How many slots the cell policy at ``path`` names (0 when it cannot be read: no floor).
+    The doors count them at start, so that their configuration does not depend on what a
+    play knew of the slot identities (a run of one role, a tagged run)."""
+    try:
+        with open(path, "rb") as fh:
+            slots = json.loads(fh.read(4 << 20)).get("slots")
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return len(slots) if isinstance(slots, list) else 0
+
+
 def global_cap(configured, slots, per_slot):
     """The global connection cap a door runs with: ``configured``, raised to
     (slots + 1) * per_slot when that is more, so that every slot at its

@@ -122,7 +122,9 @@ DEFAULTS = {
     # requests of one slot in flight at once (read, queued or running); more get "busy"
     "max_requests_per_slot": 2,
     # the host's slot count (the role renders it from chv_browser_slots); 0: unknown
+    # the host's slot count for that floor; 0: the slots of the cell policy, counted at start
     "slots": 0,
+    "cell_policy": "/etc/chv-fleet/cell-policy.json",  # chv_cell/policy.py DEFAULT_POLICY_PATH
     "playwright_version": "",
     # pages a slot's context may have open at once, its own page included (popups beyond it are
     # closed at once; every popup is closed when the request that let it open ends)
@@ -217,6 +219,8 @@ def _unlink_quietly(path):
 
 # requests never refused for capacity: a slot's teardown must always get through
 UNCOUNTED_ACTIONS = ("close",)
+# Playwright's words when a goto lost to a navigation the page had already begun
+NAVIGATION_INTERRUPTED = "is interrupted by another navigation"
 # seconds a context.close() may take before it is given up on (logged); chromium is not waited for forever
 CLOSE_TIMEOUT = 10.0
 # how much longer than request_timeout a connection thread waits for the loop before giving up on it:
@@ -561,7 +565,15 @@ class Engine:
     # ------------------------------------------------------------ operations (loop thread, slot lock held)
     async def op_open(self, slot, url):
         page = await self._page(slot, create=True)
-        resp = await page.goto(url, wait_until="load")
+        try:
+            resp = await page.goto(url, wait_until="load")
+        except Exception as exc:  # Playwright's Error: only this one message is retried
+            if NAVIGATION_INTERRUPTED not in str(exc):
+                raise
+            # the page was still committing an earlier navigation (chromium's own error page
+            # after a refused open, or the previous request's): that one wins the race, ours
+            # is asked for once more
+            resp = await page.goto(url, wait_until="load")
         out = await self._describe(page)
         out["status"] = resp.status if resp is not None else None
         return out
@@ -635,8 +647,9 @@ class Server:
         self._inflight = 0  # connections being handled
         per_slot = cfg.get("max_requests_per_slot", DEFAULTS["max_requests_per_slot"])
         self.requests = wire.SlotQuota("max_requests_per_slot", per_slot, "requests in flight")
+        slots = cfg.get("slots", 0) or wire.policy_slots(cfg.get("cell_policy", DEFAULTS["cell_policy"]))
         self.max_connections = wire.global_cap(cfg.get("max_connections", DEFAULTS["max_connections"]),
-                                               cfg.get("slots", 0), per_slot)
+                                               slots, per_slot)
 
     def dispatch(self, req, conn=None):
         slot = check_slot(req.get("slot"))

@@ -121,7 +121,7 @@ def good_facts(policy, broker_client):
                                   "verdict": "busy"}},
         "sigkill": {"started": True, "after_rc": 0},
         "vsock_guest": "ok",
-        "disk": {"limit": 64 << 20, "disk_max": "64M", "own_device": True, "root_drop": 8192},
+        "disk": {"limit": 64 << 20, "disk_max": "64M", "own_device": True, "image": "/var/lib/chv-fleet/disks/slot0.img", "image_grew": 0},
         "read": {"file": {"rc": 0, "out": audit.marker("read", nonce), "err": "", "seconds": 0.05},
                  "shadow": dict(read_refused), "fifo": dict(read_refused), "other_slot": dict(read_refused)},
         "shadow_words": ["root:", "daemon:"],
@@ -257,7 +257,7 @@ PROBE_FAILURES = [
     (("a", "kernel", "families", "high_bits"), "ok", "TEN-04"),
     (("a", "disk", "big"), "ok", "TEN-05"),
     (("a", "disk", "size"), 2 << 30, "TEN-05"),
-    (("guest", "disk", "root_drop"), 52 << 20, "TEN-05"),
+    (("guest", "disk", "image_grew"), 1 << 20, "TEN-05"),
     (("a", "tcp", "special"), "connected: hello", "TEN-06"),
     (("guest", "counters_moved", "drop_special_range"), 0, "TEN-06"),
     (("a", "browser", "denied", "special"), {"rc": 0, "err": "", "out": '{"ok": true, "result": {}}'}, "TEN-06"),
@@ -880,3 +880,13 @@ def test_a_fixture_file_never_follows_a_link_planted_at_its_name(tmp_path):
     assert (slot / "mark").read_text() == "own\n" and stat.S_IMODE(st.st_mode) == 0o640
     fix.cleanup()
     assert not (slot / "mark").exists() and (slot / ".git-credentials").is_symlink() and not target.exists()
+
+
+def test_ten_05_looks_at_the_image_a_loop_device_reads_and_nothing_else(tmp_path):
+    """TEN-05's guest side: / of this machine is no loop device (None: nothing to weigh), and a
+    file's allocation is what the guest's disk gives it (0 for no image)."""
+    assert audit.loop_backing_file(os.stat("/").st_dev) is None
+    img = tmp_path / "slot.img"
+    img.write_bytes(b"x" * 65536)
+    assert audit._allocated(str(img)) >= 65536  # pylint: disable=protected-access
+    assert audit._allocated(None) == 0  # pylint: disable=protected-access

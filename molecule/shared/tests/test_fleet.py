@@ -72,7 +72,8 @@ def test_each_guest_runs_its_layers_of_the_example_inventory(name):
     for cidr in EXPECTED["guest-c"]["deny"]:
         net = ipaddress.ip_network(cidr)
         assert (cidr in want["deny"]) == (str(net.network_address) in deny_set), (name, cidr, deny_set)
-        assert (cidr in want["deny"]) == (cidr in rendered), (name, cidr)
+        rendered_deny = rendered.split("set deny_nets {", 1)[1].split("}", 1)[0]
+        assert (cidr in want["deny"]) == (cidr in rendered_deny), (name, cidr, rendered_deny)
     uplinks = [e["set"]["elem"] for e in json.loads(ruleset)["nftables"]
                if "set" in e and e["set"]["name"] == "uplink_ifs"]
     assert uplinks == [[want["uplink"]]] and "# Uplink: %s " % want["uplink"] in rendered, (uplinks, rendered[:300])

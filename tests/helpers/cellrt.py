@@ -3,7 +3,10 @@ and provide a small, valid policy for the tests (fixtures:
 tests/unit/cell_runtime/conftest.py)."""
 
 import os
+import shutil
 import sys
+
+import pytest
 
 from testpaths import LAUNCHER_FILES as FILES
 
@@ -44,3 +47,17 @@ BASE_POLICY = {
     "rlimits": {"NOFILE": "4096:8192"},
     "slots": [make_slot(0), make_slot(1)],
 }
+
+
+# What a test module of real cells needs on this machine (its pytestmark):
+# root, and nspawn, ip and nsenter.
+NEEDS_REAL_CELLS = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="real cells need root"),
+    pytest.mark.skipif(
+        not all(shutil.which(t) for t in ("systemd-nspawn", "ip", "nsenter")),
+        reason="systemd-nspawn, ip and nsenter are needed for real cells",
+    ),
+]
+# nspawn's line at a cell's end on these machines (the host's /run is no tmpfs):
+# noise the tests leave out of the launcher's stderr
+NOISE = 'Attempted to remove disk file system under "/run/systemd/nspawn/propagate/'

@@ -28,16 +28,11 @@ import pytest
 
 from broker_helpers import BrokerProc, make_listener
 from browser_helpers import running_browser
-from cellrt import ENTRY
+from cellrt import ENTRY, NEEDS_REAL_CELLS, NOISE
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="real cells need root"),
-    pytest.mark.skipif(not all(shutil.which(t) for t in ("systemd-nspawn", "ip", "nsenter")),
-                       reason="systemd-nspawn, ip and nsenter are needed for real cells"),
-]
+pytestmark = NEEDS_REAL_CELLS
 
 TAG = "bs%d" % os.getpid()
-NOISE = 'Attempted to remove disk file system under "/run/systemd/nspawn/propagate/'
 SLOT = {"name": "slot0", "index": 0, "machine": "lbs-slot0", "host_ifname": "lbs50", "cell_ifname": "eth0",
         "subnet": "10.231.50.0/24", "gateway": "10.231.50.1", "address": "10.231.50.2", "prefixlen": 24,
         "uid_base": 3500000, "uid_size": 65536}

@@ -25,21 +25,13 @@ import time
 
 import pytest
 
-from cellrt import ENTRY
+from cellrt import ENTRY, NEEDS_REAL_CELLS, NOISE
 from listeners import hello_listener
 from testpaths import PROBES
 
-pytestmark = [
-    pytest.mark.cells,
-    pytest.mark.skipif(os.geteuid() != 0, reason="real cells need root"),
-    pytest.mark.skipif(
-        not all(shutil.which(t) for t in ("systemd-nspawn", "ip", "nsenter")),
-        reason="systemd-nspawn, ip and nsenter are needed for real cells",
-    ),
-]
+pytestmark = [pytest.mark.cells] + NEEDS_REAL_CELLS
 
 TAG = "lt%d" % os.getpid()
-NOISE = 'Attempted to remove disk file system under "/run/systemd/nspawn/propagate/'
 CAP_BITS = {"CAP_CHOWN": 0, "CAP_NET_ADMIN": 12, "CAP_NET_RAW": 13, "CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17,
             "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_SYS_BOOT": 22, "CAP_MKNOD": 27}
 DROPPED = [c for c in CAP_BITS if c != "CAP_CHOWN"]

@@ -46,7 +46,6 @@ pytestmark = [
 TAG = "dq%d" % os.getpid()
 QUOTA = "64M"
 MIB = 1 << 20
-NOISE = 'Attempted to remove disk file system under "/run/systemd/nspawn/propagate/'
 
 # The payload: a small write in the workspace and in the home, then in each
 # a large one until it is done or fails (the files stay); one JSON line of
@@ -166,7 +165,7 @@ def run(policy, slot_name, big):
     argv = [sys.executable, "-I", cellrt.ENTRY, "--policy", policy, "run", "--slot", slot_name, "--",
             "python3", "-c", PAYLOAD, str(big)]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    r.stderr = "".join(ln for ln in r.stderr.splitlines(True) if not ln.startswith(NOISE))
+    r.stderr = "".join(ln for ln in r.stderr.splitlines(True) if not ln.startswith(cellrt.NOISE))
     return r
 
 

@@ -30,20 +30,12 @@ import pytest
 
 from broker_helpers import FILES as BROKER_FILES
 from broker_helpers import BrokerProc, make_listener
-from cellrt import ENTRY, FILES
+from cellrt import ENTRY, FILES, NEEDS_REAL_CELLS, NOISE
 from chv_cell import families
 
-pytestmark = [
-    pytest.mark.cells,
-    pytest.mark.skipif(os.geteuid() != 0, reason="real cells need root"),
-    pytest.mark.skipif(
-        not all(shutil.which(t) for t in ("systemd-nspawn", "ip", "nsenter")),
-        reason="systemd-nspawn, ip and nsenter are needed for real cells",
-    ),
-]
+pytestmark = [pytest.mark.cells] + NEEDS_REAL_CELLS
 
 TAG = "sf%d" % os.getpid()
-NOISE = 'Attempted to remove disk file system under "/run/systemd/nspawn/propagate/'
 PAYLOAD_RC = 3  # the probe's own exit code: the payload ran to its end
 VMADDR_CID_ANY = VMADDR_PORT_ANY = 0xFFFFFFFF
 

@@ -696,7 +696,8 @@ def _readable_checks(tmp_path):
 
 
 def _rep(verdicts):
-    return {"cases": [{"id": c.id, "verdict": verdicts.get(c.id, "pass"), "probe": "p %s" % c.id} for c in audit.CASES]}
+    return {"cases": [{"id": c.id, "verdict": verdicts.get(c.id, "pass"), "probe": "p %s" % c.id,
+                       "control": "c %s" % c.id} for c in audit.CASES]}
 
 
 @pytest.mark.parametrize("verdicts,expected", [
@@ -711,7 +712,10 @@ def test_a_loosening_is_proven_only_when_exactly_its_cases_fail(verdicts, expect
     lo = next(lo for lo in counterproof.LOOSENINGS if lo.name == "ID-03/04")
     out = counterproof.outcome(lo, _rep(verdicts))
     assert out["verdict"] == expected
-    assert set(out["evidence"]) == {"ID-03", "ID-04"}
+    # the loosening's cases, and what an errored case's control saw
+    errored = set(k for k, v in verdicts.items() if v == "error")
+    assert set(out["evidence"]) == {"ID-03", "ID-04"} | errored
+    assert all(out["evidence"][k] == "p %s | control: c %s" % (k, k) for k in errored)
 
 
 def _run(verdict):
@@ -890,3 +894,32 @@ def test_ten_05_looks_at_the_image_a_loop_device_reads_and_nothing_else(tmp_path
     img.write_bytes(b"x" * 65536)
     assert audit._allocated(str(img)) >= 65536  # pylint: disable=protected-access
     assert audit._allocated(None) == 0  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("runs,verdict,earlier", [
+    ([{"ID-03": "fail", "ID-04": "fail"}], "proven", 0),
+    ([{"ID-03": "fail", "ID-04": "fail", "TEN-03": "error"}, {"ID-03": "fail", "ID-04": "fail"}], "proven", 1),
+    ([{"TEN-03": "error"}, {"FS-01": "error"}], "error", 1),
+    ([{"ID-03": "fail"}], "not proven", 0),  # a result, not run again
+])
+def test_a_loosened_run_whose_control_failed_is_run_once_more_and_the_first_errors_kept(runs, verdict, earlier):
+    lo = next(lo for lo in counterproof.LOOSENINGS if lo.name == "ID-03/04")
+    seen = []
+
+    def run_cells():
+        seen.append(1)
+        return _rep(runs[len(seen) - 1])
+    out = counterproof.attempt(lo, run_cells)
+    assert out["verdict"] == verdict and len(seen) == len(runs)
+    assert len(out.get("earlier_errors", [])) == earlier
+    if earlier:
+        first = out["earlier_errors"][0]
+        assert first["errors"] == sorted(k for k, v in runs[0].items() if v == "error")
+        assert "control: c" in "".join(first["evidence"].values())
+        assert "run again after a control failed" in counterproof.to_markdown(
+            {"verdict": verdict, "header": {}, "before": {"verdict": "passed", "counts": _counts0()},
+             "after": {"verdict": "passed", "counts": _counts0()}, "loosenings": [out], "not_applicable": []})
+
+
+def _counts0():
+    return {"pass": 0, "fail": 0, "error": 0, "skip": 0}

@@ -41,12 +41,15 @@ def door(env, cell, other_ns):
     listener.close()
 
 
-def settled(client, keep_open=0, deadline=120):
-    """The states of ``client``'s held connections once at most the first ``keep_open`` are still
-    waiting (replies on their way are waited for; a wait, not a timing assertion)."""
+def settled(client, keep_open=0, deadline=60):
+    """The states of ``client``'s held connections once at most ``keep_open`` of them are still
+    waiting (replies on their way are waited for; a wait, not a timing assertion). Which ones
+    stay open is the broker's order of admission, not the order they were sent in (on a loaded
+    machine the third connection can be read before the second). The deadline is below the
+    browser timeout of the ``door`` fixture, so a reply that never comes shows as "open"."""
     states = client.state()
     end = time.monotonic() + deadline
-    while "open" in states[keep_open:] and time.monotonic() < end:
+    while states.count("open") > keep_open and time.monotonic() < end:
         time.sleep(0.05)
         states = [s if s != "open" else now for s, now in zip(states, client.state())]
     return states
@@ -112,8 +115,9 @@ def test_requests_in_flight_of_one_slot_do_not_refuse_another(env, door):
         assert busy_for(probe[0], "max_connections_per_slot", "slot0") or busy_for(
             probe[0], "max_requests_per_slot", "slot0"), probe
         states = settled(a, keep_open=2)
-        assert states[:2] == ["open", "open"], states
-        refused = states[2:]
+        held = [i for i, s in enumerate(states) if s == "open"]
+        assert len(held) == 2, states
+        refused = [s for s in states if s != "open"]
         assert all(busy_for(s, "max_requests_per_slot", "slot0") or busy_for(s, "max_connections_per_slot", "slot0")
                    for s in refused), refused
         assert any(busy_for(s, "max_requests_per_slot", "slot0") for s in refused), refused
@@ -122,7 +126,7 @@ def test_requests_in_flight_of_one_slot_do_not_refuse_another(env, door):
         stub.released.set()
     # control: the two held requests were real, and are answered once the page loads
     done = settled(a)
-    assert [r["ok"] for r in done[:2]] == [True, True], done
+    assert [done[i]["ok"] for i in held] == [True, True], done
     assert _all_ok(a.call(PING)[0], "slot0")
     stub.close()
     assert {(e["slot"], e["quota"]) for e in broker.audit() if e["verdict"] == "busy"} <= {

@@ -141,8 +141,10 @@ def test_a_slot_at_its_door_quota_leaves_another_slots_ping_and_page_open(site, 
                                           median_ms(open_loaded), median_ms(open_unloaded)))
             assert busy_for(probe[0], "max_connections_per_slot", "slot0"), probe
             held = a.state()
-            assert held[:4] == ["open"] * 4, held  # the slow opens and two idle ones
-            assert all(busy_for(s, "max_connections_per_slot", "slot0") for s in held[4:]), held
+            # the slow opens, and two idle ones: whichever the broker admitted first (its order
+            # of admission, not the order of connecting, on a loaded machine)
+            assert held[:2] == ["open"] * 2 and held.count("open") == 4, held
+            assert all(busy_for(s, "max_connections_per_slot", "slot0") for s in held if s != "open"), held
         finally:
             STALL.release(key)
         try:

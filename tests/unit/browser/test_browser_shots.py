@@ -331,6 +331,11 @@ class InterruptedPage(FakePage):
     def __init__(self, interruptions, error="interrupted"):
         super().__init__(PNG)
         self.gotos, self.interruptions, self.error = [], interruptions, error
+        self.waits = 0
+
+    async def wait_for_load_state(self, state="load"):
+        assert state == "load"
+        self.waits += 1  # the navigation that won has loaded
 
     async def goto(self, url, **_kwargs):
         self.gotos.append(url)
@@ -346,7 +351,8 @@ class InterruptedPage(FakePage):
 @pytest.mark.parametrize("interruptions, error, gotos, opened", [
     (0, "interrupted", 1, True),   # the control: a plain open
     (1, "interrupted", 2, True),   # lost to the earlier navigation once: asked for once more
-    (2, "interrupted", 2, False),  # twice: the error goes back to the cell
+    (2, "interrupted", 3, True),   # twice (the lost goto's own navigation won the second race)
+    (3, "interrupted", 3, False),  # three times: the error goes back to the cell
     (1, "refused", 1, False),      # any other error is never retried
 ])
 def test_an_open_that_lost_to_an_earlier_navigation_is_asked_for_once_more(
@@ -362,5 +368,7 @@ def test_an_open_that_lost_to_an_earlier_navigation_is_asked_for_once_more(
             with pytest.raises(RuntimeError):
                 eng.loop.run_until_complete(eng.op_open(SLOT, "http://example.test/next"))
         assert len(page.gotos) == gotos
+        # before each goto again, the navigation that won was let finish loading
+        assert page.waits == min(interruptions, gotos - 1) if error == "interrupted" else page.waits == 0
     finally:
         eng.loop.close()

@@ -221,6 +221,8 @@ def _unlink_quietly(path):
 UNCOUNTED_ACTIONS = ("close",)
 # Playwright's words when a goto lost to a navigation the page had already begun
 NAVIGATION_INTERRUPTED = "is interrupted by another navigation"
+# gotos an open makes at most when each lost to a navigation already under way
+OPEN_ATTEMPTS = 3
 # seconds a context.close() may take before it is given up on (logged); chromium is not waited for forever
 CLOSE_TIMEOUT = 10.0
 # how much longer than request_timeout a connection thread waits for the loop before giving up on it:
@@ -565,15 +567,20 @@ class Engine:
     # ------------------------------------------------------------ operations (loop thread, slot lock held)
     async def op_open(self, slot, url):
         page = await self._page(slot, create=True)
-        try:
-            resp = await page.goto(url, wait_until="load")
-        except Exception as exc:  # Playwright's Error: only this one message is retried
-            if NAVIGATION_INTERRUPTED not in str(exc):
-                raise
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            try:
+                resp = await page.goto(url, wait_until="load")
+                break
+            except Exception as exc:  # Playwright's Error: only this one message is retried
+                if NAVIGATION_INTERRUPTED not in str(exc) or attempt == OPEN_ATTEMPTS:
+                    raise
             # the page was still committing an earlier navigation (chromium's own error page
-            # after a refused open, or the previous request's): that one wins the race, ours
-            # is asked for once more
-            resp = await page.goto(url, wait_until="load")
+            # after a refused open, the previous request's, or, on a loaded guest, the lost
+            # goto's own): let the one that won finish loading, then ask for ours again
+            try:
+                await page.wait_for_load_state("load")
+            except Exception:  # the next goto reports what is wrong with the page
+                pass
         out = await self._describe(page)
         out["status"] = resp.status if resp is not None else None
         return out

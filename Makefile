@@ -133,7 +133,7 @@ browser-venv: $(BROWSER_VENV)/.stamp
 
 # tests/unit: pure tests, no root, no processes of other uids, no namespaces.
 units: venv
-	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/unit -q -rfEs -p no:cacheprovider
 
 # tests/integration/<suite>: real kernel objects on this machine, as root.
 #   cells:   the chv-cell launcher running real systemd-nspawn cells
@@ -142,16 +142,16 @@ units: venv
 #   browser: chv-browser driving Debian's chromium through Playwright
 #   playbooks: site.yml's rollout keywords on throwaway inventories (check mode)
 integration-cells integration-netns integration-broker integration-playbooks: venv sysdeps
-	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/integration/$(@:integration-%=%) -q -p no:cacheprovider
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/integration/$(@:integration-%=%) -q -rfEs -p no:cacheprovider
 
 integration-browser: venv browser-venv sysdeps
 	cd $(ROOT) && CHV_BROWSER_PYTHON=$(BROWSER_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/browser \
-	  -q -p no:cacheprovider
+	  -q -rfEs -p no:cacheprovider
 
 integration: $(INTEGRATION:%=integration-%)
 
 lab-tests: venv sysdeps
-	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/lab -q -p no:cacheprovider --durations=10
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/lab -q -rfEs -p no:cacheprovider --durations=10
 
 molecule: $(SCENARIOS:%=molecule-%)
 
@@ -168,7 +168,9 @@ $(SCENARIOS:%=molecule-%): molecule-%: venv sysdeps
 # their unit tests run once, on 3.11, and the trixie scenario runs them for
 # real on 3.13.
 test-leg312:
-	@if [ -z "$(PY312)" ]; then echo "SKIP python3.12 leg: no python3.12 on this machine"; else \
+	@if [ -z "$(PY312)" ]; then \
+	  if [ "$${CI:-}" = true ]; then echo "FAIL python3.12 leg: no python3.12 on this machine (CI=true: a leg that cannot run is a failure)"; exit 1; fi; \
+	  echo "SKIP python3.12 leg: no python3.12 on this machine"; else \
 	  $(MAKE) --no-print-directory venv312 && \
 	  for p in site.yml remove.yml playbooks/*.yml molecule/shared/*.yml; do \
 	    $(VENV312)/bin/ansible-playbook --syntax-check -i localhost, $$p >/dev/null || exit 1; done && \

@@ -21,6 +21,8 @@ if _HELPERS not in sys.path:
     sys.path.insert(0, _HELPERS)
 
 from testpaths import LAB_COLLECTION, ROOT  # noqa: E402  # pylint: disable=wrong-import-position
+# the hook that fails a skip under CI=true unless its reason is on a reviewed list
+from skipgate import pytest_runtest_makereport  # noqa: E402,F401  # pylint: disable=wrong-import-position,unused-import
 
 _COLLECTIONS = tempfile.mkdtemp(prefix='chv-fleet-collections-')
 os.makedirs(os.path.join(_COLLECTIONS, 'ansible_collections', 'chv'))

@@ -14,9 +14,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "helpers"))
 
 from playbook_output import recap  # noqa: E402 (tests/helpers, on the path above)
+from skipgate import pytest_runtest_makereport  # noqa: E402,F401 (the hook: no green on skips under CI=true)
 
 CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
 LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
+# molecule/: one directory per scenario (its molecule.yml)
+SCENARIOS = Path(__file__).resolve().parents[2]
 
 
 # The guests this run verifies (the verifier's --hosts; none: every guest of
@@ -36,7 +39,12 @@ def pytest_configure(config):
 def only_in(scenario):
     """A test of something the distribution does not change (the roles' rendering, a re-run's
     result), proven once in the named scenario: every re-run of ansible-playbook costs a minute
-    of make test (its time budget; the lanes kept even)."""
+    of make test (its time budget; the lanes kept even). A scenario that does not exist is an
+    error when the tests are collected, not a test that silently never runs."""
+    if not (SCENARIOS / scenario / "molecule.yml").is_file():
+        raise ValueError("only_in(%r): no such Molecule scenario (molecule/%s/molecule.yml); scenarios: %s"
+                         % (scenario, scenario, ", ".join(sorted(p.parent.name for p in
+                                                                 SCENARIOS.glob("*/molecule.yml")))))
     return pytest.mark.skipif(os.environ.get("MOLECULE_SCENARIO_NAME") != scenario,
                               reason="distribution-independent: runs in the %s scenario" % scenario)
 

@@ -46,7 +46,7 @@ NOT_COUNTER_PROVABLE = {
     "FS-06": "the launcher refuses a bind of its state directory (policy check: a bind would expose /run/chv-fleet)",
     "FS-07": "two layers: the read-only /usr and the user namespace (guest root's files are not the cell root's); "
              "a writable bind leaves /usr unwritable, so no single loosening opens it",
-    "FS-08": "as FS-07: /etc is the cell's own copy, and guest root's files are not the cell root's",
+    "FS-08": "as FS-07: /etc is a read-only bind of the guest's own, and guest root's files are not the cell root's",
     "FS-09": "as FS-07, for every trusted file",
     "ID-01": "the launcher always maps the slot's uid range; no policy runs a cell as guest root",
     "ID-02": "the policy check refuses partly overlapping uid ranges; identical ones (the shared-uid mode) would "

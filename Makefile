@@ -44,8 +44,10 @@ INTEGRATION := cells netns broker browser playbooks
 # and the lab tests on guests booting more than on the CPU: each has a lane
 # of its own, so that their waits overlap the other lanes' work. The run is
 # bound by the CPU work of all lanes together (docs/performance.md). Each
-# lane's lines carry its name; a failing stage stops its lane, and make
-# reports the failure once every lane has ended. The lanes touch
+# lane's lines carry its name (and go to build/lanes/<lane>.log); a failing
+# stage stops its lane, and make reports the failure once every lane has
+# ended, after one summary line per lane (tests passed, failed, skipped, and
+# every skip's reason: hack/lane_summary.py). The lanes touch
 # nothing in common: the host lane uses this machine's own namespaces (veths
 # lth*, netns cnt-*), each lab its own network, table and guests; the image
 # and wheel caches are shared under locks.
@@ -184,15 +186,18 @@ sanity312: venv312
 test: sysdeps venv
 	@unlaned="$(filter-out $(foreach l,$(LANES),$(LANE_$(l))),$(SCENARIOS:%=molecule-%))"; \
 	  if [ -n "$$unlaned" ]; then echo "make test: no lane runs$$unlaned (LANE_* in the Makefile)"; exit 1; fi
-	$(MAKE) --no-print-directory -j$(words $(LANES)) $(LANES:%=lane-%)
+	@rm -rf $(BUILD)/lanes && mkdir -p $(BUILD)/lanes
+	@rc=0; $(MAKE) --no-print-directory -j$(words $(LANES)) $(LANES:%=lane-%) || rc=$$?; \
+	  $(PY311) hack/lane_summary.py $(BUILD)/lanes; exit $$rc
 
 # A lane runs its stages in order and stops at the first that fails; each
 # stage's wall-clock time is printed (where make test's time goes).
 $(LANES:%=lane-%): lane-%:
-	@for stage in $(LANE_$*); do start=$$(date +%s); \
+	@mkdir -p $(BUILD)/lanes; for stage in $(LANE_$*); do start=$$(date +%s); \
 	  if ! $(MAKE) --no-print-directory -j1 $$stage; then \
 	    echo "make test: $$stage FAILED after $$(( $$(date +%s) - start )) s"; exit 1; fi; \
-	  echo "make test: $$stage passed in $$(( $$(date +%s) - start )) s"; done 2>&1 | sed -u 's/^/[$*] /'
+	  echo "make test: $$stage passed in $$(( $$(date +%s) - start )) s"; done 2>&1 | sed -u 's/^/[$*] /' \
+	  | tee $(BUILD)/lanes/$*.log
 
 build: venv
 	mkdir -p $(BUILD)/dist

@@ -10,13 +10,16 @@ error.
 The reports (JSON, JUnit, Markdown) are kept under build/reports/ for the
 auditor: one directory per scenario and guest."""
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import subprocess
 
 import pytest
 
-from conftest import fleet_guest, lab_guest, lab_record, only_in
+from conftest import fleet_guest, inventory_argv, lab_guest, lab_record, only_in
 from listeners import HelloServer
 from testpaths import ROOT
 
@@ -47,39 +50,57 @@ COUNTER_PROOF = SCENARIO == "fleet"
 ALLOW_PORT, DENY_PORT, SPECIAL_PORT = 18770, 18771, 18772
 
 
+@contextlib.contextmanager
+def stand_ins(lab_addresses):
+    """The audit's destinations on the lab host for the run: one allowed
+    listener on each guest's gateway address (NET-01, the BRW page), the
+    denied one (NET-05) and TEN-06's special-range stand-in, each on the lab
+    host's loopback when it is no lab address; yields {"allow": {address:
+    port}, "deny": port, "special": port}."""
+    # replace, not add: a run killed before its cleanup left the
+    # address behind, and the next run's add failed on it (EEXIST)
+    for stand_in in [SPECIAL] + ([DENIED] if DENIED else []):
+        subprocess.run(["ip", "addr", "replace", stand_in + "/32", "dev", "lo"], check=True)
+    try:
+        with contextlib.ExitStack() as stack:
+            allow = dict((a, stack.enter_context(HelloServer(a, ALLOW_PORT)).port) for a in lab_addresses)
+            deny = stack.enter_context(HelloServer(DENIED or lab_addresses[0], DENY_PORT))
+            special = stack.enter_context(HelloServer(SPECIAL, SPECIAL_PORT))
+            yield {"allow": allow, "deny": deny.port, "special": special.port}
+    finally:
+        for stand_in in [SPECIAL] + ([DENIED] if DENIED else []):
+            subprocess.run(["ip", "addr", "del", stand_in + "/32", "dev", "lo"], check=False)
+
+
+def keep_reports(name, files):
+    """The reports under build/reports/<name>/, for the auditor."""
+    keep = os.path.join(ROOT, "build", "reports", name)
+    os.makedirs(keep, exist_ok=True)
+    for fname, text in files.items():
+        with open(os.path.join(keep, fname), "w") as fh:
+            fh.write(text)
+
+
 def run_audit(host, counter_proof, runs=100):
     """chv-cell audit on ``host`` as the catalog tests run it: (exit code,
     report, counter-proof report or None, the report files)."""
     lab = lab_guest(host)["host_address"]
-    try:
-        # replace, not add: a run killed before its cleanup left the
-        # address behind, and the next run's add failed on it (EEXIST)
-        for stand_in in [SPECIAL] + ([DENIED] if DENIED else []):
-            subprocess.run(["ip", "addr", "replace", stand_in + "/32", "dev", "lo"], check=True)
-        with HelloServer(lab, ALLOW_PORT) as allow, HelloServer(DENIED or lab, DENY_PORT) as deny, \
-                HelloServer(SPECIAL, SPECIAL_PORT) as special:
-            argv = ["chv-cell audit --json --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, allow.port),
-                    "--allow-url http://%s:%d/" % (lab, allow.port), "--special %s:%d" % (SPECIAL, special.port),
-                    "--trusted /etc/chv-fleet/nft/cell-nat.nft",
-                    "--report-dir %s --label scenario=%s" % (REPORTS, SCENARIO)]
-            if DENIED:
-                argv.append("--deny %s:%d" % (DENIED, deny.port))
-            if counter_proof:
-                argv.append("--counter-proof")
-            names = ["audit.json", "audit.xml", "audit.md"] + (
-                ["counter-proof.json", "counter-proof.md"] if counter_proof else [])
-            with host.sudo():
-                host.run("rm -rf %s", REPORTS)
-                r = host.run(" ".join(argv))
-                files = dict((name, host.file(os.path.join(REPORTS, name)).content_string) for name in names)
-    finally:
-        for stand_in in [SPECIAL] + ([DENIED] if DENIED else []):
-            subprocess.run(["ip", "addr", "del", stand_in + "/32", "dev", "lo"], check=False)
-    keep = os.path.join(ROOT, "build", "reports", "audit-%s-%s" % (SCENARIO, host.backend.get_hostname()))
-    os.makedirs(keep, exist_ok=True)
-    for name, text in files.items():
-        with open(os.path.join(keep, name), "w") as fh:
-            fh.write(text)
+    with stand_ins([lab]) as ports:
+        argv = ["chv-cell audit --json --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, ports["allow"][lab]),
+                "--allow-url http://%s:%d/" % (lab, ports["allow"][lab]), "--special %s:%d" % (SPECIAL, ports["special"]),
+                "--trusted /etc/chv-fleet/nft/cell-nat.nft",
+                "--report-dir %s --label scenario=%s" % (REPORTS, SCENARIO)]
+        if DENIED:
+            argv.append("--deny %s:%d" % (DENIED, ports["deny"]))
+        if counter_proof:
+            argv.append("--counter-proof")
+        names = ["audit.json", "audit.xml", "audit.md"] + (
+            ["counter-proof.json", "counter-proof.md"] if counter_proof else [])
+        with host.sudo():
+            host.run("rm -rf %s", REPORTS)
+            r = host.run(" ".join(argv))
+            files = dict((name, host.file(os.path.join(REPORTS, name)).content_string) for name in names)
+    keep_reports("audit-%s-%s" % (SCENARIO, host.backend.get_hostname()), files)
     assert r.stdout.strip(), r.stderr
     rep = json.loads(r.stdout)
     return r.rc, (rep["before_report"] if counter_proof else rep), (rep if counter_proof else None), files
@@ -159,31 +180,130 @@ def test_a_cell_that_cannot_start_makes_every_case_an_error(host):
     assert "nonexistent" in rep["cases"][0]["control"] or "exited" in rep["cases"][0]["control"]
 
 
+FLEET = ["guest-a", "guest-b", "guest-c"]
+# lab guests get no pids controller (docs/lab.md): the one case they cannot run
+LAB_SKIPS = {"LIM-02": "lab guests get no pids controller delegated (docs/lab.md)"}
+
+
+def fleet_audit(report_dir, limit=None, runs=5):
+    """ansible-playbook chv.fleet.audit over the fleet's guests (all three
+    in one batch), with the stand-ins of this lab host as each guest's
+    destinations, set in an inventory of its own beside the scenario's, as
+    an operator's would be. Returns (process, fleet-report.json or None)."""
+    guests = dict((g["name"], g) for g in lab_record()["guests"])
+    with stand_ins([guests[n]["host_address"] for n in FLEET]) as ports:
+        hosts = {}
+        for name in FLEET:
+            lab = guests[name]["host_address"]
+            hosts[name] = {
+                "chv_fleet_audit_allow": ["%s:%d" % (lab, ports["allow"][lab])],
+                "chv_fleet_audit_allow_url": "http://%s:%d/" % (lab, ports["allow"][lab]),
+                "chv_fleet_audit_deny": ["%s:%d" % (DENIED, ports["deny"])],
+                "chv_fleet_audit_special": ["%s:%d" % (SPECIAL, ports["special"])],
+                "chv_fleet_audit_runs": runs,
+                "chv_fleet_audit_allowed_skips": LAB_SKIPS}
+        overlay = os.path.join(report_dir, "audit-inventory.yml")
+        os.makedirs(report_dir, exist_ok=True)
+        with open(overlay, "w") as fh:
+            json.dump({"all": {"children": {"chv_fleet": {"hosts": hosts}}}}, fh)
+        argv = ["ansible-playbook"] + inventory_argv(whole=True) + ["-i", overlay, "chv.fleet.audit",
+                                                                    "-e", "chv_fleet_audit_report_dir=" + report_dir,
+                                                                    "-e", json.dumps({"chv_fleet_batches": ["100%"]})]
+        if limit:
+            argv += ["--limit", limit]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=900)
+    path = os.path.join(report_dir, "fleet-report.json")
+    return proc, (json.load(open(path)) if os.path.exists(path) else None)
+
+
 @only_in("fleet")
-def test_the_catalog_passes_in_warm_cells_too():
-    """guest-c keeps every slot warm (chv_cell_warm_slots: 3 in the example's
-    host_vars; docs/cells.md "Warm cells"): each `chv-cell run` of the audit
-    is handed to a cell started before it (the argv and stdio over the
-    cell's socketpair), and every case passes beside its control as in cold
-    cells. Control: the three warm cells were ready before the audit; the
-    warm units' journal shows the hand-overs (at least one per LIFE-02 run),
-    so the cells were warm ones and not cold starts."""
+def test_the_fleet_audit_reports_every_guest_with_its_evidence_and_in_warm_cells_too():
+    """`ansible-playbook chv.fleet.audit` over the three guests writes one
+    fleet report on this controller: every case of every guest passed beside
+    its control (LIM-02 skipped where the inventory allows it, with its
+    reason: no lab guest has a pids controller), each guest's version, commit
+    and digests. guest-c keeps every slot warm (chv_cell_warm_slots: 3 in the
+    example's host_vars; docs/cells.md "Warm cells"): its audit's runs are
+    handed to cells started before them, and pass as in cold cells. Control
+    for the warm half: the three warm cells were ready before the audit; the
+    warm units' journal shows the hand-overs (at least one per LIFE-02 run)."""
     c = fleet_guest("guest-c")
     with c.sudo():
         c.run_expect([0], "for i in $(seq 100); do [ $(chv-cell status | grep -c 'idle (warm cell ready') = 3 ] && exit 0; "
                      "sleep 0.2; done; chv-cell status; exit 1")
         since = c.check_output("date +%s")
+    report_dir = os.path.join(ROOT, "build", "reports", "fleet-audit")
+    shutil.rmtree(report_dir, ignore_errors=True)
     runs = 5
-    rc, report, dummy, files = run_audit(c, False, runs=runs)
-    assert_every_case_passed_or_skipped(report)
-    assert rc == 0
+    proc, fleet = fleet_audit(report_dir, runs=runs)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert "All 3 hosts passed every case of the catalog" in out, out[-3000:]
+    assert fleet["verdict"] == "passed" and fleet["failed_hosts"] == []
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert [h["host"] for h in fleet["hosts"]] == FLEET
+    for h in fleet["hosts"]:
+        assert h["verdict"] == "passed" and h["bad"] == [], h
+        assert set(v for cid, v in h["verdicts"].items() if cid not in LAB_SKIPS) == {"pass"}, h["verdicts"]
+        assert len(h["verdicts"]) >= 45, h["verdicts"]
+        assert [s["id"] for s in h["skips"]] == ["LIM-02"] and h["skips"][0]["allowed"], h["skips"]
+        assert len(h["header"]["policy_sha256"]) == 64 and len(h["header"]["launcher_sha256"]) == 64, h
+        assert h["header"]["kernel"] and h["header"]["systemd"].startswith("systemd"), h
+        assert h["header"]["commit"] == commit and h["header"]["collection_version"], h
+    md = open(os.path.join(report_dir, "fleet-report.md")).read()
+    assert "# chv.fleet audit: PASSED" in md and "| NET-01 | pass | pass | pass |" in md, md[:3000]
+    assert "- guest-b LIM-02 skip (allowed): " in md, md
+    assert open(os.path.join(report_dir, "fleet-report.xml")).read().count("<testsuite ") == 3
+    for name in FLEET:
+        assert json.load(open(os.path.join(report_dir, "hosts", name, "audit.json")))["verdict"] == "passed"
+    # the hosts kept nothing of the audit (its temporary report directories)
+    for name in FLEET:
+        with fleet_guest(name).sudo():
+            assert fleet_guest(name).check_output("ls -d /tmp/chv-fleet-audit.* 2>/dev/null | wc -l") == "0"
     with c.sudo():
         took = int(c.check_output("journalctl -q -u 'chv-cell-warm@*' --since @%s | grep -c 'warm cell took a payload' "
                                   "|| true", since))
         failed = c.check_output("systemctl list-units --failed --plain --no-legend 'chv-cell-warm@*'")
     assert took >= runs, took
     assert failed == "", failed
-    # the executor's way in (ssh as the agent user, sudo, chv-cell-agent) lands in a warm cell too
+
+
+@only_in("fleet")
+def test_the_fleet_audit_fails_naming_a_guest_whose_table_is_gone():
+    """guest-b's ruleset table deleted (root on the guest can; docs/security.md):
+    the fleet audit of guest-b fails, naming guest-b and its failing cases,
+    and the report says so. Control: the audit of the same guest with its
+    table back (the test above, all passed) and, after this one, the table
+    loaded again by its unit."""
+    b = fleet_guest("guest-b")
+    report_dir = os.path.join(ROOT, "build", "reports", "fleet-audit-broken")
+    shutil.rmtree(report_dir, ignore_errors=True)
+    with b.sudo():
+        b.run_expect([0], "nft delete table inet chv_cell")
+    try:
+        proc, fleet = fleet_audit(report_dir, limit="guest-b", runs=1)
+    finally:
+        with b.sudo():
+            b.run_expect([0], "systemctl restart chv-cell-nat.service && nft list table inet chv_cell >/dev/null")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    failure = re.search(r"The audit failed on 1 of 1 hosts: guest-b: ([A-Z]+-\d\d.*?) \(the report", out)
+    assert failure, out[-4000:]
+    assert fleet["verdict"] == "failed" and fleet["failed_hosts"] == ["guest-b"]
+    bad = fleet["hosts"][0]["bad"]
+    assert bad and all(b_["verdict"] in ("fail", "error") for b_ in bad), bad
+    assert failure.group(1) == ", ".join("%s %s" % (b_["id"], b_["verdict"].upper()) for b_ in bad)
+    md = open(os.path.join(report_dir, "fleet-report.md")).read()
+    assert "# chv.fleet audit: FAILED" in md and "1 hosts, 0 passed, 1 failed: guest-b" in md, md[:2000]
+    assert "- guest-b %s %s: " % (bad[0]["id"], bad[0]["verdict"].upper()) in md, md
+
+
+@only_in("fleet")
+def test_the_executors_way_in_lands_in_a_warm_cell():
+    """ssh as the agent user, sudo, chv-cell-agent: the payload runs in one
+    of guest-c's warm cells (its unit's journal names the slot and the agent
+    user), its exit code comes back."""
+    c = fleet_guest("guest-c")
     with c.sudo():
         c.run_expect([0], "for i in $(seq 100); do chv-cell status | grep -q 'idle (warm cell ready' && exit 0; "
                      "sleep 0.2; done; exit 1")

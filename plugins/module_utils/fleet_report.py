@@ -98,7 +98,7 @@ def judge(report, allowed):
     return ("failed" if bad else "passed"), bad
 
 
-def one_line(text, limit=300):
+def one_line(text, limit=2000):
     text = " / ".join(part.strip() for part in str(text).splitlines() if part.strip())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

@@ -85,7 +85,8 @@ def judge(report, allowed):
     """(verdict, [bad cases]) of one host's report: "passed", or "failed" with
     each case that neither passed nor is an allowed skip."""
     if not isinstance(report, dict) or not isinstance(report.get("cases"), list) or not report["cases"]:
-        return "failed", [{"id": "-", "verdict": "error", "why": "no report: the host was unreachable, is not Linux, or the audit did not run or wrote nothing"}]
+        return "failed", [{"id": "-", "verdict": "error",
+                           "why": "no report: the host was unreachable, is not Linux, or the audit did not run or wrote nothing"}]
     bad = []
     for case in report["cases"]:
         verdict = case.get("verdict")

@@ -1237,7 +1237,8 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
     # the marked guest process (ID-11, ID-12, ID-13)
     marker = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(600)", probe.MARKER])
     fix.procs.append(marker)
-    request: Facts = {"nonce": nonce, "read": read, "write": write, "tcp": tcp, "tcp6": tcp6, "guest_pid": marker.pid,
+    request: Facts
+    request = {"nonce": nonce, "read": read, "write": write, "tcp": tcp, "tcp6": tcp6, "guest_pid": marker.pid,
                "ip": ip, "cell_ifname": slot_a["cell_ifname"], "gateway": slot_a["gateway"],
                "broker_client": opts["broker_client"] if os.path.exists(opts["broker_client"] or "") else None}
     # the doors (BRW): chv-browser opens, for cell A, the allowed page and every target the cell may not reach
@@ -1387,7 +1388,8 @@ def _tenant_fixtures(pol: policymod.Policy, slot_a: policymod.Slot, slot_b: Opti
                      "own_device": os.stat(paths_a["workspace"]).st_dev != os.stat("/").st_dev,
                      "image": loop_backing_file(os.stat(paths_a["workspace"]).st_dev)}
     # TEN-08: what cell A plants for chv-cell read
-    plant: Dict[str, List[Any]] = {"file": ["file", os.path.join(ws, mark + ".read-file"), marker("read", nonce)],
+    plant: Dict[str, List[Any]]
+    plant = {"file": ["file", os.path.join(ws, mark + ".read-file"), marker("read", nonce)],
              "shadow": ["symlink", os.path.join(ws, mark + ".read-shadow"), "/etc/shadow"],
              "fifo": ["fifo", os.path.join(ws, mark + ".read-fifo"), None]}
     if slot_b:
@@ -1640,7 +1642,8 @@ def run(policy_path: str, opts: Facts) -> Facts:
     slot_a = policymod.slot_by_name(pol, opts["slot"]) if opts.get("slot") else slots[0]
     others = [s for s in slots if s["name"] != slot_a["name"]]
     slot_b = others[0] if others else None
-    facts: Facts = {"nonce": os.urandom(4).hex(), "guest": {}, "policy": pol, "slot_a": slot_a, "slot_b": slot_b,
+    facts: Facts
+    facts = {"nonce": os.urandom(4).hex(), "guest": {}, "policy": pol, "slot_a": slot_a, "slot_b": slot_b,
              "broker_client": opts["broker_client"] or ""}
     fix = Fixtures()
     try:

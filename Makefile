@@ -98,8 +98,12 @@ devcoll:
 	@ln -sfn $(ROOT) $(DEVCOLL)/ansible_collections/chv/fleet
 	@ln -sfn $(ROOT)/lab $(DEVCOLL)/ansible_collections/chv/fleet_lab
 
-lint: venv
+# mypy --strict over the guest-side programs (mypy.ini names them). It sees
+# third-party packages through the browser's venv, the one that has any
+# (playwright, which chv-browser imports; the others are stdlib only).
+lint: venv browser-venv
 	PATH=$(VENV)/bin:$$PATH ansible-lint
+	$(VENV)/bin/mypy --python-executable $(BROWSER_VENV)/bin/python
 
 # ansible-test needs the collection at .../ansible_collections/chv/fleet and a
 # get-pip bootstrap it cannot download here (hack/get_pip_standin.py). It

@@ -19,6 +19,8 @@ cases, removes what it made, and writes the report: JSON, JUnit XML and
 Markdown. Exit 0: every case passed (or was skipped); 1: a case failed;
 2: no case failed but a control did not succeed."""
 
+from __future__ import annotations
+
 import hashlib
 import html
 import json
@@ -32,6 +34,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, TypedDict
 
 from . import argv as argvmod
 from . import audit_probe as probe
@@ -75,8 +78,20 @@ DISK_FULL = ("ENOSPC", "EDQUOT")
 # TEN-07: what the payload writes to stderr, a busy launcher's words (runner.Launcher)
 FORGED_BUSY = "chv-cell: all 1 slot(s) busy (slot0) for 1s; giving up"
 
+# The facts of one run (the cells' reports, the guest's observations, the
+# options) and the reports: JSON objects. Their keys are the probes' and the
+# judges' contract, one key per fact, read where each case is judged.
+Facts = Dict[str, Any]
 
-def loop_backing_file(dev):
+
+class Result(TypedDict):
+    """One case's verdict (pass, fail, error, skip) and its evidence."""
+    verdict: str
+    probe: str
+    control: str
+
+
+def loop_backing_file(dev: int) -> Optional[str]:
     """The file a loop device ``dev`` (st_dev) reads from, or None (not a loop device)."""
     try:
         with open("/sys/dev/block/%d:%d/loop/backing_file" % (os.major(dev), os.minor(dev))) as fh:
@@ -85,17 +100,17 @@ def loop_backing_file(dev):
         return None
 
 
-def _allocated(path):
+def _allocated(path: Optional[str]) -> int:
     """Bytes of the guest's disk allocated to ``path`` (0 for None)."""
     return os.stat(path).st_blocks * 512 if path else 0
 
 
-def _family_spec(name):
+def _family_spec(name: str) -> List[int]:
     """[family number, socket type, protocol] of TEN-04's try of family ``name``."""
     return [familiesmod.FAMILIES[name]] + list(FAMILY_TYPES.get(name, (2, 0)))
 
 
-def marker(kind, nonce):
+def marker(kind: str, nonce: str) -> str:
     """The text of a file of slot B (or /etc/shadow's stand-in words) that no reply may carry."""
     return "chv-audit-%s-%s" % (kind, nonce)
 
@@ -106,11 +121,11 @@ class Case(object):
     """One boundary: what is probed and what the control is (how each is
     loosened, its counter-proof, is counterproof.py's)."""
 
-    def __init__(self, cid, title, probe_text, control):
+    def __init__(self, cid: str, title: str, probe_text: str, control: str) -> None:
         self.id, self.title, self.probe, self.control = cid, title, probe_text, control
 
     @property
-    def area(self):
+    def area(self) -> str:
         return self.id.split("-")[0]
 
 
@@ -282,11 +297,11 @@ LIFECYCLE_CASES = ("LIFE-02", "LIFE-03", "LIFE-04", "LIM-01", "LIM-02", "TEN-07"
 
 # ------------------------------------------------------------- verdicts
 
-def _result(verdict, probe_ev, control_ev):
+def _result(verdict: str, probe_ev: str, control_ev: str) -> Result:
     return {"verdict": verdict, "probe": probe_ev, "control": control_ev}
 
 
-def pair(probe_ok, probe_ev, control_ok, control_ev):
+def pair(probe_ok: object, probe_ev: str, control_ok: object, control_ev: str) -> Result:
     """pass when the probe was stopped; error, whatever the probe did,
     when the control did not succeed."""
     if not control_ok:
@@ -294,11 +309,11 @@ def pair(probe_ok, probe_ev, control_ok, control_ev):
     return _result("pass" if probe_ok else "fail", probe_ev, control_ev)
 
 
-def skip(requirement):
+def skip(requirement: str) -> Result:
     return _result("skip", "needs %s" % requirement, "")
 
 
-def _caps(hexmask):
+def _caps(hexmask: Any) -> Optional[Set[str]]:
     try:
         value = int(hexmask, 16)
     except (TypeError, ValueError):
@@ -306,18 +321,18 @@ def _caps(hexmask):
     return set(name for bit, name in enumerate(policymod.CAP_NAMES) if value >> bit & 1)
 
 
-def _denied(result):
+def _denied(result: str) -> bool:
     return result not in ("ok",)
 
 
-def _dropped(result):
+def _dropped(result: str) -> bool:
     return result in DROPPED
 
 
-def judge(facts):
+def judge(facts: Facts) -> Dict[str, Result]:
     """Every case's verdict from the facts of one run (the cells' reports
     and the guest's observations). Returns {case id: result}."""
-    out = {}
+    out: Dict[str, Result] = {}
     a, g = facts.get("a"), facts["guest"]
     if a is None:
         # nothing was proven: every case is an error, the lifecycle ones too (not run)
@@ -328,8 +343,9 @@ def judge(facts):
     return out
 
 
-def _judge_cell(facts, a, g):
-    out, rd, wr, k = {}, a["read"], a["write"], a["kernel"]
+def _judge_cell(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
+    out: Dict[str, Result] = {}
+    rd, wr, k = a["read"], a["write"], a["kernel"]
     ws_ok = wr.get("workspace") == "ok" and g.get("workspace_write_seen") is True
     ws_ev = "cell: %s, guest sees it: %s" % (wr.get("workspace"), g.get("workspace_write_seen"))
     if "etc_chv" in rd:
@@ -378,7 +394,7 @@ def _judge_cell(facts, a, g):
         out["ID-02"] = skip("a second slot")
     else:
         bmap = (b or {}).get("uid_map", [])
-        ranges = []
+        ranges: List[Tuple[int, int]] = []
         for m in (umap, bmap):
             if len(m) >= 3:
                 ranges.append((int(m[1]), int(m[1]) + int(m[2])))
@@ -425,12 +441,13 @@ def _judge_cell(facts, a, g):
     return out
 
 
-def _judge_net(facts, a, g):
-    out, tcp = {}, a["tcp"]
+def _judge_net(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
+    out: Dict[str, Result] = {}
+    tcp = a["tcp"]
     neigh_ok = "lladdr" in a.get("neigh_out", "")
     moved = g.get("counters_moved") or {}
 
-    def dropped_here(cid, results):
+    def dropped_here(cid: str, results: List[str]) -> Tuple[bool, str]:
         """Every connect timed out and the case's own drop counter moved."""
         name = DROP_COUNTERS[cid]
         ok = bool(results) and all(_dropped(r) for r in results) and moved.get(name, 0) > 0
@@ -489,7 +506,7 @@ def _judge_net(facts, a, g):
     return out
 
 
-def _answer(reply):
+def _answer(reply: Facts) -> Any:
     """The broker's JSON reply of a client run, or None."""
     try:
         return json.loads(reply.get("out") or "null")
@@ -497,7 +514,7 @@ def _answer(reply):
         return None
 
 
-def _judge_ipc(facts, a, g):
+def _judge_ipc(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
     if "broker" not in a:
         return dict((cid, skip("chv-broker's client (--broker-client)"))
                     for cid in ("IPC-01", "IPC-02", "IPC-03", "IPC-04"))
@@ -505,7 +522,7 @@ def _judge_ipc(facts, a, g):
     ping = _answer(br["ping"]) or {}
     pinged = ping.get("ok") is True
     ping_ev = "cell ping: %s" % (br["ping"]["out"] or br["ping"]["err"])
-    out = {"IPC-01": pair(pinged, ping_ev, os.path.exists(facts["broker_client"]), "client %s" % facts["broker_client"])}
+    out: Dict[str, Result] = {"IPC-01": pair(pinged, ping_ev, os.path.exists(facts["broker_client"]), "client %s" % facts["broker_client"])}
     for cid, key in (("IPC-02", "broker_root"), ("IPC-03", "broker_cell_uid")):
         reply = g.get(key, {})
         answer = _answer(reply) or {}
@@ -521,7 +538,7 @@ def _judge_ipc(facts, a, g):
 BRW_CASES = ("BRW-01", "BRW-02", "BRW-03", "BRW-04")
 
 
-def _judge_brw(facts, a, g):
+def _judge_brw(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
     br = a.get("browser")
     if br is None or br.get("allowed") is None:
         why = "--allow-url URL, a page cells may open through chv-browser (and chv-broker's client)"
@@ -529,7 +546,7 @@ def _judge_brw(facts, a, g):
     ctl = _answer(br["allowed"]) or {}
     if "unknown or disabled op" in str(ctl.get("error", "")):
         return dict((cid, skip("chv-browser (this guest's broker has no browser op)")) for cid in BRW_CASES)
-    result = ctl.get("result") if isinstance(ctl.get("result"), dict) else {}
+    result: Any = ctl.get("result") if isinstance(ctl.get("result"), dict) else {}
     snapshot = str(result.get("aria_snapshot", ""))
     ctl_ok = ctl.get("ok") is True and bool(snapshot)
     ctl_ev = "allowed page: %s" % (("title %r, %d characters of snapshot" % (result.get("title"), len(snapshot)))
@@ -538,13 +555,13 @@ def _judge_brw(facts, a, g):
     cell_a = facts["slot_a"]["address"]
     doors = [s for s in g.get("listener_seen", []) if s["peer"] != cell_a]  # a cell's own arrival is NET's
 
-    def refused(keys):
+    def refused(keys: List[str]) -> Tuple[bool, str]:
         replies = dict((key, _answer(br["denied"][key]) or {}) for key in keys)
         ok = bool(keys) and all(r.get("ok") is False for r in replies.values())
         return ok, ", ".join("%s: %s" % (key.split(":", 1)[-1], "refused: %s" % str(r.get("error", ""))[:60]
                                          if r.get("ok") is False else "OPENED" if r.get("ok") else "no reply")
                              for key, r in sorted(replies.items()))
-    out = {}
+    out: Dict[str, Result] = {}
     guest = [key for key in br["denied"] if key.startswith("guest:")]
     ok, ev = refused(guest)
     arrived = [s["local"] for s in doors if s["local"] != METADATA]
@@ -581,23 +598,23 @@ def _judge_brw(facts, a, g):
 TEN_CELL_CASES = ("TEN-01", "TEN-02", "TEN-03", "TEN-04", "TEN-05", "TEN-06", "TEN-08", "TEN-09")
 
 
-def _reply_text(reply):
+def _reply_text(reply: Facts) -> str:
     return "%s %s" % (reply.get("out", ""), reply.get("err", ""))
 
 
-def _short(reply, n=120):
+def _short(reply: Facts, n: int = 120) -> str:
     return (reply.get("out") or reply.get("err") or "no reply")[:n]
 
 
-def _snapshot_text(reply):
+def _snapshot_text(reply: Facts) -> str:
     """What an open's reply showed: the snapshot's text, or the reply itself."""
     answer = _answer(reply) or {}
-    result = answer.get("result") if isinstance(answer.get("result"), dict) else {}
+    result: Any = answer.get("result") if isinstance(answer.get("result"), dict) else {}
     return (str(result.get("aria_snapshot", "")) or _short(reply, 200))[:200]
 
 
-def _judge_ten(facts, a, g):
-    out = {}
+def _judge_ten(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
+    out: Dict[str, Result] = {}
     nonce = facts["nonce"]
     secrets = [marker("bws", nonce), marker("bstate", nonce)]
     # TEN-01: the sync door
@@ -615,7 +632,7 @@ def _judge_ten(facts, a, g):
             hostile = ["packed_refs", "alternates"]
             answers = dict((k, _answer(replies.get(k, {})) or {}) for k in hostile)
             leaked = [k for k in hostile if any(m in _reply_text(replies.get(k, {})) for m in secrets)]
-            result = clean.get("result") if isinstance(clean.get("result"), dict) else {}
+            result: Any = clean.get("result") if isinstance(clean.get("result"), dict) else {}
             setup_ok = all(sync["setup"].get(k) == "ok" for k in ["clean"] + hostile)
             out["TEN-01"] = pair(all(answers[k].get("ok") is False for k in hostile) and not leaked,
                                  "; ".join("%s: %s" % (k, ("refused: %s" % str(answers[k].get("error"))[:90])
@@ -725,7 +742,7 @@ def _judge_ten(facts, a, g):
     else:
         moved = (g.get("counters_moved") or {}).get("drop_special_range", 0)
         door = (br or {}).get("denied", {}).get("special")
-        door_answer = _answer(door) if door else None
+        door_answer: Any = _answer(door) if door else None
         door_ok = door is None or (door_answer or {}).get("ok") is False
         out["TEN-06"] = pair(_dropped(tcp["special"]) and moved > 0 and door_ok,
                              "cell A: %s; drop_special_range +%d; chv-browser for A: %s"
@@ -764,8 +781,8 @@ def _judge_ten(facts, a, g):
     return out
 
 
-def _judge_life(facts, g):
-    out = {}
+def _judge_life(facts: Facts, g: Facts) -> Dict[str, Result]:
+    out: Dict[str, Result] = {}
     if g.get("lifecycle") is False:
         out.update((cid, skip("a run with the lifecycle cases (this run probes the cells only)"))
                    for cid in LIFECYCLE_CASES)
@@ -815,7 +832,7 @@ def _judge_life(facts, g):
     return out
 
 
-def verdict_of(results, strict_skips=False):
+def verdict_of(results: Mapping[str, Result], strict_skips: bool = False) -> Tuple[str, int, Dict[str, int]]:
     counts = dict((v, 0) for v in ("pass", "fail", "error", "skip"))
     for r in results.values():
         counts[r["verdict"]] += 1
@@ -828,16 +845,16 @@ def verdict_of(results, strict_skips=False):
 
 # ------------------------------------------------------------- reports
 
-def report(results, header, strict_skips=False):
+def report(results: Mapping[str, Result], header: Dict[str, str], strict_skips: bool = False) -> Facts:
     verdict, code, counts = verdict_of(results, strict_skips)
-    cases = []
+    cases: List[Facts] = []
     for c in CASES:
         r = results.get(c.id) or _result("error", "", "CONTROL FAILED: the audit did not reach this case")
         cases.append(dict(r, id=c.id, area=c.area, title=c.title))
     return {"verdict": verdict, "exit": code, "counts": counts, "header": header, "cases": cases}
 
 
-def to_markdown(rep):
+def to_markdown(rep: Facts) -> str:
     h = rep["header"]
     lines = ["# chv-cell audit: %s on %s" % (rep["verdict"].upper(), h.get("guest")), "",
              "%(pass)d passed, %(fail)d failed, %(error)d errors, %(skip)d skipped" % rep["counts"], ""]
@@ -849,12 +866,12 @@ def to_markdown(rep):
     return "\n".join(lines) + "\n"
 
 
-def cell_text(text):
+def cell_text(text: str) -> str:
     """Evidence as one Markdown table cell: no row break, no column break."""
     return " / ".join(line.strip() for line in text.splitlines() if line.strip()).replace("|", "/")
 
 
-def to_junit(rep):
+def to_junit(rep: Facts) -> str:
     suite = ET.Element("testsuite", name="chv-cell audit %s" % rep["header"].get("guest"), tests=str(len(rep["cases"])),
                        failures=str(rep["counts"]["fail"]), errors=str(rep["counts"]["error"]),
                        skipped=str(rep["counts"]["skip"]))
@@ -872,7 +889,7 @@ def to_junit(rep):
     return ET.tostring(suite, encoding="unicode")
 
 
-def write_files(directory, files):
+def write_files(directory: str, files: Mapping[str, str]) -> None:
     """{name: text} into `directory`, each file replaced whole."""
     os.makedirs(directory, exist_ok=True)
     for name, text in sorted(files.items()):
@@ -882,18 +899,18 @@ def write_files(directory, files):
         os.rename(tmp, os.path.join(directory, name))
 
 
-def report_files(rep):
+def report_files(rep: Facts) -> Dict[str, str]:
     return {"audit.json": json.dumps(rep, indent=2, sort_keys=True) + "\n", "audit.xml": to_junit(rep) + "\n",
             "audit.md": to_markdown(rep)}
 
 
-def write_reports(rep, directory):
+def write_reports(rep: Facts, directory: str) -> None:
     write_files(directory, report_files(rep))
 
 
 # ------------------------------------------------------------- the guest side
 
-def _sha256(path):
+def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 16), b""):
@@ -901,7 +918,7 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _launcher_hash():
+def _launcher_hash() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
     for name in sorted(n for n in os.listdir(here) if n.endswith(".py")):
@@ -909,7 +926,7 @@ def _launcher_hash():
     return h.hexdigest()
 
 
-def _first_line(argv):
+def _first_line(argv: List[str]) -> str:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=10)
         return (p.stdout.splitlines() or [""])[0]
@@ -917,7 +934,7 @@ def _first_line(argv):
         return ""
 
 
-def _os_release():
+def _os_release() -> str:
     try:
         with open("/etc/os-release") as fh:
             for line in fh:
@@ -928,7 +945,7 @@ def _os_release():
     return ""
 
 
-def header(policy_path, labels):
+def header(policy_path: str, labels: Mapping[str, str]) -> Dict[str, str]:
     h = {"guest": socket.gethostname(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
          "policy": policy_path, "policy_sha256": _sha256(policy_path), "launcher_sha256": _launcher_hash(),
          "kernel": platform.release(), "systemd": _first_line(["systemctl", "--version"]), "os": _os_release()}
@@ -944,19 +961,19 @@ class Listener(object):
     through chv-browser, is BRW-04's: the heading must reach the cell's
     snapshot, the comment and script (RAW_MARKER) must not."""
 
-    def __init__(self, address="0.0.0.0", port=0):
+    def __init__(self, address: str = "0.0.0.0", port: int = 0) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((address, port))
         self.sock.listen(64)
         self.sock.settimeout(0.3)
         self.address, self.port = address, self.sock.getsockname()[1]
-        self.seen = []
+        self.seen: List[Dict[str, str]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
-    def _serve(self):
+    def _serve(self) -> None:
         while not self.stop.is_set():
             try:
                 conn, peer = self.sock.accept()
@@ -966,7 +983,7 @@ class Listener(object):
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     @staticmethod
-    def _answer(conn):
+    def _answer(conn: socket.socket) -> None:
         with conn:
             conn.settimeout(0.5)
             request = b""
@@ -986,7 +1003,7 @@ class Listener(object):
                 pass
 
     @staticmethod
-    def page(request):
+    def page(request: bytes) -> Tuple[bytes, bytes]:
         """(body, extra header lines) for the raw request: PAGE, or for
         COOKIE_PATH?v=VALUE a page that sets the cookie COOKIE_NAME=VALUE-kept
         and shows, as a heading, the Cookie header it received (TEN-03)."""
@@ -1006,21 +1023,22 @@ class Listener(object):
         extra = ("Set-Cookie: %s=%s-kept; Path=/; Max-Age=3600\r\n" % (COOKIE_NAME, value)).encode() if value else b""
         return body, extra
 
-    def close(self):
+    def close(self) -> None:
         self.stop.set()
         self.thread.join(2)
         self.sock.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Listener:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _guest_addresses(ip):
+def _guest_addresses(ip: str) -> Tuple[List[str], List[str]]:
     """The guest's IPv4 and global IPv6 addresses (no loopback, no link-local)."""
-    v4, v6 = [], []
+    v4: List[str] = []
+    v6: List[str] = []
     for family, out in (("-4", v4), ("-6", v6)):
         proc = subprocess.run([ip, "-j", family, "addr", "show"], capture_output=True, text=True, check=False)
         try:
@@ -1037,22 +1055,23 @@ def _guest_addresses(ip):
     return sorted(set(v4)), sorted(set(v6))
 
 
-def _chv_cell(policy_path, *args):
+def _chv_cell(policy_path: str, *args: str) -> List[str]:
     lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return [sys.executable, "-I", os.path.join(lib, "chv-cell"), "--policy", policy_path] + list(args)
 
 
-def _run_cell(policy_path, slot, payload, timeout, extra=()):
+def _run_cell(policy_path: str, slot: str, payload: List[str], timeout: float,
+              extra: Sequence[str] = ()) -> Tuple[int, str, str]:
     argv = _chv_cell(policy_path, "run", "--slot", slot, "--timeout", str(timeout), *extra) + ["--"] + payload
     p = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout + 300)
     return p.returncode, p.stdout, p.stderr
 
 
-def _record_exists(pol, slot):
+def _record_exists(pol: policymod.Policy, slot: policymod.Slot) -> bool:
     return os.path.exists(argvmod.cell_paths(pol, slot)["record"])
 
 
-def _wait(predicate, seconds):
+def _wait(predicate: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -1064,10 +1083,14 @@ def _wait(predicate, seconds):
 class Fixtures(object):
     """What the guest side puts on the guest for one run, removed again."""
 
-    def __init__(self):
-        self.files, self.dirs, self.procs, self.undo, self.trees = [], [], [], [], []
+    def __init__(self) -> None:
+        self.files: List[str] = []
+        self.dirs: List[str] = []
+        self.procs: List[subprocess.Popen[Any]] = []
+        self.undo: List[Callable[[], object]] = []
+        self.trees: List[str] = []
 
-    def file(self, path, text, mode, uid=0, gid=0):
+    def file(self, path: str, text: str, mode: int, uid: int = 0, gid: int = 0) -> None:
         """A new file (never an existing one, never through a link: the audit runs as root in
         directories a cell writes, where an earlier task may have planted a link at the name)."""
         parent, name = os.path.split(path)
@@ -1084,12 +1107,12 @@ class Fixtures(object):
             os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
 
-    def directory(self, path, mode, uid=0, gid=0):
+    def directory(self, path: str, mode: int, uid: int = 0, gid: int = 0) -> None:
         os.mkdir(path, mode)
         os.chown(path, uid, gid)
         self.dirs.append(path)
 
-    def cleanup(self):
+    def cleanup(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
@@ -1110,13 +1133,13 @@ class Fixtures(object):
             fn()
 
 
-def hidden_paths(pol):
+def hidden_paths(pol: policymod.Policy) -> List[str]:
     """The inaccessible paths of FS-05: all but those of FS-01, FS-02 and FS-04."""
     return [p for p in pol["inaccessible"] if p not in ("/etc/chv", SHOTS_DIR) and not p.endswith("/.git-credentials")]
 
 
-def _broker_as(client, uid=None):
-    kwargs = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+def _broker_as(client: str, uid: Optional[int] = None) -> Facts:
+    kwargs: Dict[str, Any] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
     try:
         p = subprocess.run([sys.executable, "-I", client, json.dumps({"op": "ping"})], capture_output=True,
                            text=True, timeout=30, check=False, **kwargs)
@@ -1125,7 +1148,8 @@ def _broker_as(client, uid=None):
         return {"rc": None, "out": "", "err": str(exc)}
 
 
-def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
+def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot, slot_b: Optional[policymod.Slot], opts: Facts, fix: Fixtures,
+                 facts: Facts) -> None:
     """Cells A and B with their fixtures; fills facts["a"], ["b"] and the
     guest's observations."""
     g, nonce = facts["guest"], facts["nonce"]
@@ -1134,7 +1158,8 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
     uid_a = slot_a["uid_base"]
     home = pol["agent_state_mount"]
     mark = ".chv-audit-%s" % nonce
-    read, write = {}, {}
+    read: Dict[str, str] = {}
+    write: Dict[str, str] = {}
     # FS-01: a root-only file in /etc/chv
     if os.path.isdir("/etc/chv"):
         # readable by every guest user: only the cell's boundary keeps it out
@@ -1195,6 +1220,7 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
         subprocess.run([ip, "addr", "add", METADATA + "/32", "dev", "lo"], check=True)
         fix.undo.append(lambda: subprocess.run([ip, "addr", "del", METADATA + "/32", "dev", "lo"], check=False))
     gateways = [slot_a["gateway"]] + ([slot_b["gateway"]] if slot_b else [])
+    tcp: Dict[str, List[Any]]
     tcp, g["reach"] = {}, {}
     for addr in sorted(set(v4 + gateways) - {METADATA}):
         tcp["guest:" + addr] = [addr, listener.port]
@@ -1211,6 +1237,7 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
     # the marked guest process (ID-11, ID-12, ID-13)
     marker = subprocess.Popen([sys.executable, "-I", "-c", "import time; time.sleep(600)", probe.MARKER])
     fix.procs.append(marker)
+    request: Facts
     request = {"nonce": nonce, "read": read, "write": write, "tcp": tcp, "tcp6": tcp6, "guest_pid": marker.pid,
                "ip": ip, "cell_ifname": slot_a["cell_ifname"], "gateway": slot_a["gateway"],
                "broker_client": opts["broker_client"] if os.path.exists(opts["broker_client"] or "") else None}
@@ -1250,7 +1277,9 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
             g["b_seen_running"] = _record_exists(pol, slot_b) and os.path.exists("/sys/class/net/%s"
                                                                                  % slot_b["host_ifname"])
         else:
-            facts["b_error"] = "cell B did not start: %s" % (b_proc.stderr.read()[-400:] if b_proc.poll() is not None
+            # stderr=PIPE: never None
+            facts["b_error"] = "cell B did not start: %s" % (b_proc.stderr.read()[-400:]  # type: ignore[union-attr]
+                                                             if b_proc.poll() is not None
                                                              else "no ready file")
     for key, (host, port) in tcp.items():
         if key.startswith(("guest:", "allow:", "deny:", "metadata", "special")) and \
@@ -1307,20 +1336,20 @@ def _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts):
         g["broker_cell_uid"] = _broker_as(request["broker_client"], uid_a)
 
 
-def cookie_url(allow_url, nonce):
+def cookie_url(allow_url: str, nonce: str) -> str:
     """The Listener's cookie page (TEN-03) on the --allow-url's host."""
     scheme, dummy, rest = allow_url.partition("://")
     return "%s://%s%s?v=%s" % (scheme, rest.split("/", 1)[0], COOKIE_PATH, nonce)
 
 
-def cookie_sent(nonce):
+def cookie_sent(nonce: str) -> str:
     return "%s=%s-kept" % (COOKIE_NAME, nonce)
 
 
-def broker_limits(path=BROKER_CONFIG):
+def broker_limits(path: str = BROKER_CONFIG) -> Facts:
     """max_connections_per_slot and read_timeout of chv-broker's configuration
     (its defaults where the file does not set them), and the file read."""
-    cfg = {}
+    cfg: Facts = {}
     try:
         with open(path) as fh:
             cfg = json.load(fh)
@@ -1331,15 +1360,17 @@ def broker_limits(path=BROKER_CONFIG):
     return out
 
 
-def _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark):
+def _tenant_fixtures(pol: policymod.Policy, slot_a: policymod.Slot, slot_b: Optional[policymod.Slot], request: Facts, fix: Fixtures, facts: Facts,
+                     mark: str) -> None:
     """What the TEN cases need in cell A's request and on the guest."""
     g, nonce = facts["guest"], facts["nonce"]
     paths_a = argvmod.cell_paths(pol, slot_a)
     ws = pol["workspace_mount"]
     paths_b = argvmod.cell_paths(pol, slot_b) if slot_b else None
-    b_ws = os.path.join(paths_b["workspace"], mark + ".b-file") if slot_b else None
-    b_state = os.path.join(paths_b["agent_state"], mark + ".b-state") if slot_b else None
+    b_ws = os.path.join(paths_b["workspace"], mark + ".b-file") if paths_b else None
+    b_state = os.path.join(paths_b["agent_state"], mark + ".b-state") if paths_b else None
     if slot_b:
+        assert b_ws is not None and b_state is not None  # both set with slot_b
         fix.file(b_ws, marker("bws", nonce) + "\n", 0o644, slot_b["uid_base"], slot_b["uid_base"])
         fix.file(b_state, marker("bstate", nonce) + "\n", 0o644, slot_b["uid_base"], slot_b["uid_base"])
     # TEN-04: the policy's families (the controls) and those it leaves out
@@ -1357,6 +1388,7 @@ def _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark):
                      "own_device": os.stat(paths_a["workspace"]).st_dev != os.stat("/").st_dev,
                      "image": loop_backing_file(os.stat(paths_a["workspace"]).st_dev)}
     # TEN-08: what cell A plants for chv-cell read
+    plant: Dict[str, List[Any]]
     plant = {"file": ["file", os.path.join(ws, mark + ".read-file"), marker("read", nonce)],
              "shadow": ["symlink", os.path.join(ws, mark + ".read-shadow"), "/etc/shadow"],
              "fifo": ["fifo", os.path.join(ws, mark + ".read-fifo"), None]}
@@ -1385,13 +1417,14 @@ def _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark):
     elif not slot_b:
         facts["sync_skip"] = "a second slot"
     else:
-        repos = {}
+        repos: Dict[str, Facts] = {}
         for name, extra in (("clean", {}), ("packed_refs", {"packed_refs_link": b_ws}),
                             ("alternates", {"alternates": b_state})):
             repo = "%s-sync-%s" % (mark, name)
             repos[name] = dict(extra, repo=repo, path=os.path.join(ws, repo))
             fix.trees.append(os.path.join(paths_a["workspace"], repo))
         request["sync"] = {"repos": repos}
+        assert b_ws is not None and b_state is not None  # both set with slot_b
         g["b_files_readable"] = all(os.access(p, os.R_OK) for p in (b_ws, b_state))
     # TEN-02: the door quota
     if not client:
@@ -1407,7 +1440,7 @@ def _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark):
         fix.files += [os.path.join(paths_a["workspace"], mark + k) for k in (".quota-ready", ".quota-go")]
 
 
-def _quota_relay(pol, slot_a, slot_b, mark, g):
+def _quota_relay(pol: policymod.Policy, slot_a: policymod.Slot, slot_b: policymod.Slot, mark: str, g: Facts) -> None:
     """TEN-02 on the guest: once cell A holds the door (its ready file), cell
     B pings (its ping file) and its reply is kept; then A may let go."""
     ws_a, ws_b = (argvmod.cell_paths(pol, s)["workspace"] for s in (slot_a, slot_b))
@@ -1433,7 +1466,7 @@ def _quota_relay(pol, slot_a, slot_b, mark, g):
             pass
 
 
-def _read_slot(policy_path, slot, path):
+def _read_slot(policy_path: str, slot: str, path: str) -> Facts:
     """chv-cell read --slot SLOT PATH: exit code, stdout, seconds."""
     t0 = time.monotonic()
     try:
@@ -1445,7 +1478,8 @@ def _read_slot(policy_path, slot, path):
     return {"rc": rc, "out": out[:2000], "err": err.strip()[-200:], "seconds": round(time.monotonic() - t0, 3)}
 
 
-def _after_cell_a(pol, policy_path, launch, slot_a, slot_b, request, script, opts, facts):
+def _after_cell_a(pol: policymod.Policy, policy_path: str, launch: str, slot_a: policymod.Slot, slot_b: Optional[policymod.Slot], request: Facts,
+                  script: str, opts: Facts, facts: Facts) -> None:
     """What follows cell A's run: the reader of its files (TEN-08) and run 2
     of slot A (TEN-03)."""
     g = facts["guest"]
@@ -1471,9 +1505,12 @@ def _after_cell_a(pol, policy_path, launch, slot_a, slot_b, request, script, opt
 STATUS_FD = "{status-fd}"
 
 
-def _run_status(policy_path, slot, payload, timeout, extra=()):
+def _run_status(policy_path: str, slot: str, payload: List[str], timeout: float,
+                extra: Sequence[str] = ()) -> Tuple[int, str, Optional[Facts]]:
     """_run_cell with --status-fd: (exit code, stdout, the status record or
     None); STATUS_FD in ``payload`` stands for the fd's number."""
+    rfd: Optional[int]
+    wfd: Optional[int]
     rfd, wfd = os.pipe()
     try:
         argv = _chv_cell(policy_path, "run", "--slot", slot, "--timeout", str(timeout), "--status-fd", str(wfd),
@@ -1501,7 +1538,7 @@ FORGE = ("import errno, os, sys\nsys.stderr.write(%r + '\\n')\n"
          "except OSError as exc:\n    print(errno.errorcode.get(exc.errno, exc.errno))\nsys.exit(75)\n") % FORGED_BUSY
 
 
-def _lifecycle(pol, policy_path, slot_a, opts, facts):
+def _lifecycle(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot, opts: Facts, facts: Facts) -> None:
     g, nonce = facts["guest"], facts["nonce"]
     name = slot_a["name"]
     g["runs"] = [_run_cell(policy_path, name, ["true"], opts["timeout"])[0] for dummy in range(opts["runs"])]
@@ -1525,7 +1562,7 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
         code = ("import threading, time, sys\nn = 0\nfor _ in range(int(sys.argv[1])):\n"
                 "    try:\n        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
                 "        n += 1\n    except RuntimeError:\n        break\nprint(n)\n")
-        counts = []
+        counts: List[int] = []
         for want in (4, int(limit) + 16):
             out = _run_cell(policy_path, name, ["python3", "-I", "-c", code, str(want)], opts["timeout"])[1]
             counts.append(int(out.split()[-1]) if out.split() and out.split()[-1].isdigit() else -1)
@@ -1581,11 +1618,11 @@ def _lifecycle(pol, policy_path, slot_a, opts, facts):
     g["sigkill"] = {"started": started, "after_rc": _run_cell(policy_path, name, ["true"], 30)[0]}
 
 
-def _left_behind(pol, slots):
+def _left_behind(pol: policymod.Policy, slots: Iterable[policymod.Slot]) -> List[str]:
     """What of the slots' cells is still there.  A slot whose warm cell waits
     for a payload holds that fresh cell's record, veth and machine, not a
     leftover (a warm cell listens only before its one payload)."""
-    left = []
+    left: List[str] = []
     for s in slots:
         if runner.warm_waiting(pol, s):
             continue
@@ -1598,13 +1635,14 @@ def _left_behind(pol, slots):
     return left
 
 
-def run(policy_path, opts):
+def run(policy_path: str, opts: Facts) -> Facts:
     """The whole catalog on this guest; returns the report."""
     pol = policymod.load(policy_path)
     slots = pol["slots"]
     slot_a = policymod.slot_by_name(pol, opts["slot"]) if opts.get("slot") else slots[0]
     others = [s for s in slots if s["name"] != slot_a["name"]]
     slot_b = others[0] if others else None
+    facts: Facts
     facts = {"nonce": os.urandom(4).hex(), "guest": {}, "policy": pol, "slot_a": slot_a, "slot_b": slot_b,
              "broker_client": opts["broker_client"] or ""}
     fix = Fixtures()

@@ -5,6 +5,8 @@ REQUEST`` (cell B: a listener cell A must not reach). Standard library
 only; it never imports the package. Each attempt reports "ok" or the errno
 name it raised, so the guest side judges what happened, not an exit code."""
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import json
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 CONNECT_TIMEOUT = 3.0
 LISTENER_PORT = 18799  # cell B's listener, for cell A and the doors to miss
@@ -25,12 +28,13 @@ MARKER = "chv-audit-guest-process"
 APPEND = "open-append:"  # a write spec that opens an existing file for writing and changes nothing
 
 
-def _errname(exc):
+def _errname(exc: BaseException) -> str:
     code = getattr(exc, "errno", None)
     return errno.errorcode.get(code, "E%s" % code) if code else type(exc).__name__
 
 
-def _try(fn):
+# called without arguments (`...`: the callers' lambdas bind loop values as parameter defaults)
+def _try(fn: Callable[..., object]) -> str:
     """"ok", or the errno name the attempt raised."""
     try:
         fn()
@@ -39,23 +43,23 @@ def _try(fn):
     return "ok"
 
 
-def _libc():
+def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _checked(result):
+def _checked(result: int) -> int:
     if result == -1:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     return result
 
 
-def _read(path):
+def _read(path: str) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()
 
 
-def _read_any(path):
+def _read_any(path: str) -> None:
     """List a directory, read a file."""
     if os.path.isdir(path):
         os.listdir(path)
@@ -63,12 +67,12 @@ def _read_any(path):
         _read(path)
 
 
-def _write_text(path, text):
+def _write_text(path: str, text: str) -> None:
     with open(path, "w") as fh:
         fh.write(text)
 
 
-def _write(spec):
+def _write(spec: str) -> None:
     """Create a new file, or (APPEND + path) open an existing one for
     writing without changing it."""
     if spec.startswith(APPEND):
@@ -78,7 +82,7 @@ def _write(spec):
         fh.write("chv-audit\n")
 
 
-def connect(host, port, family=socket.AF_INET, timeout=CONNECT_TIMEOUT):
+def connect(host: str, port: int, family: int = socket.AF_INET, timeout: float = CONNECT_TIMEOUT) -> str:
     """"connected: <first bytes>" or the error's name: a dropped packet
     is a TimeoutError, a refused one ECONNREFUSED."""
     try:
@@ -94,11 +98,12 @@ def connect(host, port, family=socket.AF_INET, timeout=CONNECT_TIMEOUT):
         return _errname(exc)
 
 
-def connect_all(targets, family=socket.AF_INET):
+def connect_all(targets: Mapping[str, Sequence[Any]], family: int = socket.AF_INET) -> Dict[str, str]:
     """{key: connect(host, port)} for {key: [host, port]}, all at once."""
-    out, threads = {}, []
+    out: Dict[str, str] = {}
+    threads: List[threading.Thread] = []
     for key, (host, port) in targets.items():
-        def attempt(key=key, host=host, port=int(port)):
+        def attempt(key: str = key, host: str = host, port: int = int(port)) -> None:
             out[key] = connect(host, port, family)
         threads.append(threading.Thread(target=attempt, daemon=True))
     for t in threads:
@@ -108,7 +113,7 @@ def connect_all(targets, family=socket.AF_INET):
     return dict((key, out.get(key, "no result")) for key in targets)
 
 
-def _run(argv):
+def _run(argv: List[str]) -> Dict[str, Any]:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
         return {"rc": p.returncode, "err": (p.stderr or p.stdout).strip()[-300:]}
@@ -122,12 +127,12 @@ _CLONE_NEWUSER = 0x10000000
 _PTRACE_ATTACH = 16
 
 
-def _ptrace_attach(libc, pid):
+def _ptrace_attach(libc: ctypes.CDLL, pid: int) -> None:
     libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     _checked(libc.ptrace(_PTRACE_ATTACH, pid, None, None))
 
 
-def _own_child_signal():
+def _own_child_signal() -> str:
     """The control of the ptrace case: the probe signals its own child
     (nspawn's seccomp filter refuses ptrace() itself without CAP_SYS_PTRACE,
     so attaching to the child cannot be the control)."""
@@ -142,10 +147,10 @@ def _own_child_signal():
         os.waitpid(pid, 0)
 
 
-def _kernel_probes(req):
+def _kernel_probes(req: Mapping[str, Any]) -> Dict[str, Any]:
     libc = _libc()
     scratch = "/tmp/chv-audit-%s" % req["nonce"]
-    out = {}
+    out: Dict[str, Any] = {}
     buf = ctypes.create_string_buffer(120)
     out["io_uring_setup"] = _try(lambda: _checked(libc.syscall(_IO_URING_SETUP, 8, buf)))
     nr = _GETPID.get(platform.machine())
@@ -162,7 +167,7 @@ def _kernel_probes(req):
     guest_pid = req["guest_pid"]
     out["ptrace_guest"] = _try(lambda: _ptrace_attach(libc, guest_pid))
     out["kill0_guest"] = _try(lambda: os.kill(guest_pid, 0))
-    seen = []
+    seen: List[int] = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -174,7 +179,7 @@ def _kernel_probes(req):
     out["own_pid_listed"] = str(os.getpid()) in os.listdir("/proc")
     out["open_guest_ns"] = _try(lambda: os.close(os.open("/proc/%d/ns/net" % guest_pid, os.O_RDONLY)))
 
-    def setns_own():
+    def setns_own() -> None:
         fd = os.open("/proc/self/ns/net", os.O_RDONLY)
         try:
             _checked(libc.setns(fd, 0))
@@ -199,7 +204,7 @@ _SYS_SOCKET = {"x86_64": 41, "aarch64": 198}
 VMADDR_ANY = 0xFFFFFFFF  # VMADDR_CID_ANY, VMADDR_PORT_ANY
 
 
-def vsock_bind(family=40):
+def vsock_bind(family: int = 40) -> str:
     """An AF_VSOCK socket bound to any CID and port: "ok" or where it failed."""
     try:
         s = socket.socket(family, socket.SOCK_STREAM)
@@ -214,13 +219,13 @@ def vsock_bind(family=40):
         s.close()
 
 
-def families_probe(spec, libc=None):
+def families_probe(spec: Mapping[str, Any], libc: Optional[ctypes.CDLL] = None) -> Dict[str, Any]:
     """socket() of each family of spec["allowed"] (the controls) and
     spec["denied"] ({name: [number, type, protocol]}), an AF_VSOCK bind and
     the high-bit form of AF_VSOCK (the family with bit 32 set, which the
     kernel truncates to an int) through syscall()."""
     libc = libc or _libc()
-    out = {"allowed": {}, "denied": {}}
+    out: Dict[str, Any] = {"allowed": {}, "denied": {}}
     for group in ("allowed", "denied"):
         for name, (num, typ, proto) in sorted(spec[group].items()):
             out[group][name] = _try(lambda num=num, typ=typ, proto=proto: socket.socket(num, typ, proto).close())
@@ -240,24 +245,24 @@ def families_probe(spec, libc=None):
     return out
 
 
-def disk_probe(directory):
+def disk_probe(directory: str) -> Dict[str, Any]:
     """The file system of ``directory`` (statvfs: size and what an
     unprivileged user may still take), a small write, and fallocate(2) of
     that free space and 1 MiB more (no fallback that writes zeros: only the
     kernel's allocation, which the file system refuses at once when the room
     is not there). Both files are removed again."""
     st = os.statvfs(directory)
-    out = {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+    out: Dict[str, Any] = {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
     out["asked"] = out["free"] + (1 << 20)
     small, big = os.path.join(directory, ".chv-audit-disk-small"), os.path.join(directory, ".chv-audit-disk-big")
 
-    def write_small():
+    def write_small() -> None:
         with open(small, "wb") as fh:
             fh.write(b"x" * 65536)
             fh.flush()
             os.fsync(fh.fileno())
 
-    def allocate():
+    def allocate() -> None:
         libc = _libc()
         libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
         fd = os.open(big, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -277,30 +282,30 @@ def disk_probe(directory):
     return out
 
 
-def _ask(client, request, keep=300):
+def _ask(client: str, request: Mapping[str, Any], keep: int = 300) -> Dict[str, Any]:
     """One request through chv-broker's client: exit status, the reply's tail."""
     p = subprocess.run([sys.executable, "-I", client, json.dumps(request)], capture_output=True, text=True,
                        timeout=90, check=False)
     return {"rc": p.returncode, "out": p.stdout.strip()[-keep:], "err": p.stderr.strip()[-300:]}
 
 
-def _broker(client):
+def _broker(client: str) -> Dict[str, Any]:
     return {"ping": _ask(client, {"op": "ping"}), "unknown": _ask(client, {"op": "chv-audit-no-such-op"}),
             "ping_after": _ask(client, {"op": "ping"})}
 
 
-def _browser(client, spec):
+def _browser(client: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
     """chv-browser's open, for this cell, of the allowed page (the control)
     and of each URL it must not reach."""
-    def open_url(url):
+    def open_url(url: str) -> Dict[str, Any]:
         return _ask(client, {"op": "browser", "action": "open", "url": url}, keep=200000)
     return {"allowed": open_url(spec["allowed"]) if spec.get("allowed") else None,
             "denied": dict((key, open_url(url)) for key, url in sorted(spec["denied"].items()))}
 
 
-def in_cell(req):
+def in_cell(req: Mapping[str, Any]) -> Dict[str, Any]:
     """Cell A: every probe and control of the request; returns the report."""
-    out = {"uid": os.getuid(), "pid": os.getpid(), "uid_map": _read("/proc/self/uid_map").decode().split()}
+    out: Dict[str, Any] = {"uid": os.getuid(), "pid": os.getpid(), "uid_map": _read("/proc/self/uid_map").decode().split()}
     status = dict(line.split(":", 1) for line in _read("/proc/self/status").decode().splitlines() if ":" in line)
     for key in ("CapEff", "CapBnd", "NoNewPrivs"):
         out[key] = status.get(key, "").strip()
@@ -333,11 +338,11 @@ def in_cell(req):
     return out
 
 
-def plant(spec):
+def plant(spec: Mapping[str, Any]) -> Dict[str, str]:
     """What the cell leaves for a reader of its files (chv-cell read): a
     regular file, symbolic links (to another slot's file by its guest path,
     to /etc/shadow) and a FIFO; {name: "ok" or the errno name}."""
-    out = {}
+    out: Dict[str, str] = {}
     for name, (kind, path, arg) in sorted(spec.items()):
         if kind == "file":
             out[name] = _try(lambda path=path, arg=arg: open(path, "w").write(arg))
@@ -348,11 +353,11 @@ def plant(spec):
     return out
 
 
-def sync_probe(client, spec):
+def sync_probe(client: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
     """The sync door for repositories of this cell's workspace: a clean one
     (the control) and each hostile one, whose git directory names another
     slot's files (a packed-refs link, an alternates file); the replies."""
-    out = {"setup": {}, "replies": {}}
+    out: Dict[str, Any] = {"setup": {}, "replies": {}}
     for name, r in sorted(spec["repos"].items()):
         path = r["path"]
         init = _run(["git", "-c", "init.defaultBranch=main", "init", "-q", path])
@@ -371,14 +376,14 @@ def sync_probe(client, spec):
     return out
 
 
-def _door_connect(path):
+def _door_connect(path: str) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)
     s.connect(path)
     return s
 
 
-def _pending_reply(s, wait):
+def _pending_reply(s: socket.socket, wait: float) -> str:
     """The first line the door sent on ``s`` within ``wait`` seconds, or "idle"."""
     import select  # noqa: PLC0415
     if not select.select([s], [], [], wait)[0]:
@@ -390,14 +395,15 @@ def _pending_reply(s, wait):
     return data.decode("utf-8", "replace").strip() or "closed"
 
 
-def quota_probe(client, spec):
+def quota_probe(client: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
     """Hold the door: ``limit`` idle connections and ``extra`` more, each
     opened after the one before; the replies of the ones past the quota.
     Then the ready file (the guest has another slot ping), a wait for the go
     file, whether the held connections were still held then, and, after
     closing them, this cell's own ping (retried while the door has not
     counted the closes yet)."""
-    held, out = [], {"replies": []}
+    held: List[socket.socket] = []
+    out: Dict[str, Any] = {"replies": []}
     try:
         for dummy in range(spec["limit"] + spec["extra"]):
             held.append(_door_connect(spec["socket"]))
@@ -424,7 +430,7 @@ def quota_probe(client, spec):
     return out
 
 
-def in_cell_run2(req):
+def in_cell_run2(req: Mapping[str, Any]) -> Dict[str, Any]:
     """Cell A's next run (TEN-03): the browser's snapshot (no page may be
     open) and the cookie page again."""
     client = req["broker_client"]
@@ -432,7 +438,7 @@ def in_cell_run2(req):
             "open": _ask(client, {"op": "browser", "action": "open", "url": req["cookie"]}, keep=20000)}
 
 
-def in_cell_listener(req):
+def in_cell_listener(req: Mapping[str, Any]) -> None:
     """Cell B: answer on LISTENER_PORT until the guest drops the done file
     into the slot's workspace; the control (B reaches its own listener on
     its own address) and B's uid_map go into the ready file, the peers of
@@ -443,9 +449,9 @@ def in_cell_listener(req):
     srv.listen(16)
     srv.settimeout(0.5)
     stop = threading.Event()
-    peers = []
+    peers: List[str] = []
 
-    def serve():
+    def serve() -> None:
         while not stop.is_set():
             try:
                 conn, peer = srv.accept()

@@ -19,12 +19,15 @@ reason; a loosening this guest cannot show (a path that its permissions
 keep out of every cell anyway) is reported as not applicable, with the
 reason, never as proven."""
 
+from __future__ import annotations
+
 import copy
 import json
 import os
 import stat
 import subprocess
 import tempfile
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import argv as argvmod
 from . import audit
@@ -37,6 +40,15 @@ CHAINS = ("forward", "input", "output")  # the table's base chains a loosening i
 SETS = ("carve_nets",)  # the table's sets a loosening adds elements to
 EXIT_NOT_PROVEN = audit.EXIT_FAILED
 EXIT_ERROR = audit.EXIT_ERROR
+# What a loosening reads: "pol" (the policy), "slot_a", "slot_b" (None with one
+# slot) and "opts" (the audit's options). A plain mapping, not a TypedDict: a
+# loosening's needs() is what makes sure "slot_b" is there before its rules()
+# index it, which mypy cannot follow.
+Context = Dict[str, Any]
+# an edit(raw, ctx) of a policy copy; rules(ctx) or elements(ctx): (chain or set, text) pairs
+Edit = Callable[[Dict[str, Any], Context], None]
+Pairs = Callable[[Context], List[Tuple[str, str]]]
+Needs = Callable[[Context], Optional[str]]
 # drop_capabilities a loosening may keep: in systemd-nspawn's default
 # bounding set (so keeping it really gives it to the cell), not in the floor
 KEEPABLE_CAPS = ("CAP_SYS_NICE", "CAP_LINUX_IMMUTABLE", "CAP_AUDIT_CONTROL")
@@ -103,13 +115,15 @@ class Loosening(object):
     policy, `rules(ctx)` returns (chain, rule) pairs to insert; `needs(ctx)`
     returns why this guest cannot show it, or None."""
 
-    def __init__(self, name, cases, how, edit=None, rules=None, needs=None, elements=None):
+    def __init__(self, name: str, cases: Iterable[str], how: str, edit: Optional[Edit] = None,
+                 rules: Optional[Pairs] = None, needs: Optional[Needs] = None,
+                 elements: Optional[Pairs] = None) -> None:
         self.name, self.cases, self.how = name, tuple(cases), how
         self.edit, self.rules, self.needs = edit, rules, needs
         self.elements = elements  # elements(ctx): (set, element) pairs to add to the table's sets
 
 
-def readable_by_others(path):
+def readable_by_others(path: str) -> bool:
     """Whether a user that owns nothing on the guest (the cell's root, seen
     from the guest) may read `path`: every directory above it searchable,
     the path itself readable (and, for a directory, searchable) by others."""
@@ -129,14 +143,14 @@ def readable_by_others(path):
     return st.st_mode & need == need
 
 
-def _without_inaccessible(paths):
-    def edit(raw, ctx):
+def _without_inaccessible(paths: Callable[[Context], List[str]]) -> Edit:
+    def edit(raw: Dict[str, Any], ctx: Context) -> None:
         raw["inaccessible"] = [p for p in raw.get("inaccessible", ctx["pol"]["inaccessible"]) if p not in paths(ctx)]
     return edit
 
 
-def _bind(source, also_accessible=False):
-    def edit(raw, ctx):
+def _bind(source: Callable[[Context], str], also_accessible: bool = False) -> Edit:
+    def edit(raw: Dict[str, Any], ctx: Context) -> None:
         src = source(ctx)
         raw["readonly_binds"] = list(raw.get("readonly_binds", [])) + [{"source": src, "target": src,
                                                                         "optional": False}]
@@ -145,36 +159,37 @@ def _bind(source, also_accessible=False):
     return edit
 
 
-def _hidden_readable(ctx):
+def _hidden_readable(ctx: Context) -> List[str]:
     """The paths of FS-05 that only the inaccessible list keeps out."""
     return [p for p in audit.hidden_paths(ctx["pol"]) if readable_by_others(p)]
 
 
-def _credentials(ctx):
+def _credentials(ctx: Context) -> List[str]:
     return [p for p in ctx["pol"]["inaccessible"] if p.endswith("/.git-credentials")]
 
 
-def _kept_cap(ctx):
+def _kept_cap(ctx: Context) -> List[str]:
     dropped = set(ctx["pol"]["drop_capabilities"])
     floor = policymod.REQUIRED_DROPPED_CAPS | {policymod.USERNS_GUARD_CAP}
     return [c for c in KEEPABLE_CAPS if c in dropped and c not in floor][:1]
 
 
-def _shots_b(ctx):
+def _shots_b(ctx: Context) -> str:
     return os.path.join(audit.SHOTS_DIR, ctx["slot_b"]["name"]) if ctx["slot_b"] else ""
 
 
-def _ws_b(ctx):
+def _ws_b(ctx: Context) -> str:
     return argvmod.cell_paths(ctx["pol"], ctx["slot_b"])["workspace"] if ctx["slot_b"] else ""
 
 
-def _unless(reason, test):
+def _unless(reason: str, test: Callable[[Context], object]) -> Needs:
     """A needs(): `reason` when test(ctx) is false."""
     return lambda ctx: None if test(ctx) else reason
 
 
-def _a_if(ctx):
-    return ctx["slot_a"]["host_ifname"]
+def _a_if(ctx: Context) -> str:
+    ifname: str = ctx["slot_a"]["host_ifname"]
+    return ifname
 
 
 LOOSENINGS = [
@@ -245,11 +260,11 @@ LOOSENINGS = [
 ]
 
 
-def _nft(pol, *args):
+def _nft(pol: policymod.Policy, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([pol["nft"]] + list(args), capture_output=True, text=True, check=False, timeout=30)
 
 
-def remove_rules(pol):
+def remove_rules(pol: policymod.Policy) -> int:
     """Delete every rule of ours (COMMENT) from the table's base chains;
     returns how many."""
     removed = 0
@@ -265,7 +280,7 @@ def remove_rules(pol):
     return removed
 
 
-def remove_elements(pol):
+def remove_elements(pol: policymod.Policy) -> int:
     """Delete every element of ours (COMMENT) from the table's SETS; returns how many."""
     removed = 0
     for name in SETS:
@@ -282,7 +297,7 @@ def remove_elements(pol):
     return removed
 
 
-def insert_elements(pol, elements):
+def insert_elements(pol: policymod.Policy, elements: Sequence[Tuple[str, str]]) -> None:
     for name, value in elements:
         try:
             p = _nft(pol, "add", "element", rulesetmod.FAMILY, rulesetmod.TABLE, name,
@@ -293,7 +308,7 @@ def insert_elements(pol, elements):
             raise RuntimeError("nft add element %s %s: %s" % (name, value, p.stderr.strip()))
 
 
-def insert_rules(pol, rules):
+def insert_rules(pol: policymod.Policy, rules: Sequence[Tuple[str, str]]) -> None:
     for chain, rule in rules:
         p = _nft(pol, "insert", "rule", rulesetmod.FAMILY, rulesetmod.TABLE, chain, *(rule.split() +
                                                                                       ["comment", '"%s"' % COMMENT]))
@@ -301,7 +316,7 @@ def insert_rules(pol, rules):
             raise RuntimeError("nft insert rule %s %s: %s" % (chain, rule, p.stderr.strip()))
 
 
-def not_applicable(loosening, ctx, before):
+def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -> Optional[str]:
     """Why this guest cannot show the loosening, or None: its own needs,
     or its cases skipped in the run before (a loosening cannot make a case
     fail that this guest does not run)."""
@@ -314,13 +329,14 @@ def not_applicable(loosening, ctx, before):
     return None
 
 
-def loosened_policy(raw, loosening, ctx):
+def loosened_policy(raw: Dict[str, Any], loosening: Loosening, ctx: Context) -> Dict[str, Any]:
     out = copy.deepcopy(raw)
+    assert loosening.edit is not None, loosening.name  # called for the loosenings that edit the policy only
     loosening.edit(out, ctx)
     return out
 
 
-def outcome(loosening, rep):
+def outcome(loosening: Loosening, rep: Dict[str, Any]) -> Dict[str, Any]:
     """proven when exactly the loosening's cases failed (errors and the
     lifecycle cases, not run, aside); the evidence of each failed case."""
     failed = sorted(c["id"] for c in rep["cases"] if c["verdict"] == "fail")
@@ -339,14 +355,14 @@ def outcome(loosening, rep):
             "errors": errors, "verdict": verdict, "evidence": evidence}
 
 
-def attempt(loosening, run_cells, tries=2):
+def attempt(loosening: Loosening, run_cells: Callable[[], Dict[str, Any]], tries: int = 2) -> Dict[str, Any]:
     """The outcome of the loosened run; a run whose control failed (an
     error: nothing could be judged, a page open or a cell's start that did
     not come through on a loaded guest) is run once more, and the first
     attempt's errors and their evidence stay in the result
     (``earlier_errors``). Only an error is run again: a failed case or a
     run that is not proven is the result."""
-    earlier = []
+    earlier: List[Dict[str, Any]] = []
     for dummy in range(tries):
         out = outcome(loosening, run_cells())
         if out["verdict"] != "error":
@@ -359,7 +375,7 @@ def attempt(loosening, run_cells, tries=2):
     return out
 
 
-def run(policy_path, opts):
+def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     """Before (the whole catalog), every loosening (the cells only), after
     (the cells only); returns the counter-proof report."""
     pol = policymod.load(policy_path)
@@ -370,7 +386,8 @@ def run(policy_path, opts):
     ctx = {"pol": pol, "slot_a": slot_a, "slot_b": others[0] if others else None, "opts": opts}
     stale = remove_rules(pol) + remove_elements(pol)
     before = audit.run(policy_path, opts)
-    results, inapplicable = [], []
+    results: List[Dict[str, Any]] = []
+    inapplicable: List[Dict[str, Any]] = []
     # the cells only: the lifecycle cases are not run (skipped), whatever --strict-skips says
     cells_only = dict(opts, lifecycle=False, strict_skips=False)
     for loosening in LOOSENINGS:
@@ -405,7 +422,8 @@ def run(policy_path, opts):
     return summary(before, after, results, inapplicable, stale)
 
 
-def summary(before, after, results, inapplicable, stale=0):
+def summary(before: Dict[str, Any], after: Dict[str, Any], results: List[Dict[str, Any]], inapplicable: List[Dict[str, Any]],
+            stale: int = 0) -> Dict[str, Any]:
     proven = [r for r in results if r["verdict"] == "proven"]
     errors = [r for r in results if r["verdict"] == "error"]
     if before["verdict"] != "passed" or after["verdict"] != "passed" or errors:
@@ -423,7 +441,7 @@ def summary(before, after, results, inapplicable, stale=0):
             "not_counter_provable": dict(NOT_COUNTER_PROVABLE), "before_report": before}
 
 
-def write_reports(rep, directory):
+def write_reports(rep: Dict[str, Any], directory: str) -> None:
     """counter-proof.json and .md, and the run before as audit.json, .xml
     and .md."""
     files = audit.report_files(rep["before_report"])
@@ -432,7 +450,7 @@ def write_reports(rep, directory):
     audit.write_files(directory, files)
 
 
-def to_markdown(rep):
+def to_markdown(rep: Dict[str, Any]) -> str:
     lines = ["# chv-cell audit --counter-proof: %s on %s" % (rep["verdict"].upper(), rep["header"].get("guest")), "",
              "- before: %s (%s)" % (rep["before"]["verdict"], _counts(rep["before"]["counts"])),
              "- after: %s (%s, the cells only)" % (rep["after"]["verdict"], _counts(rep["after"]["counts"])), "",
@@ -451,11 +469,11 @@ def to_markdown(rep):
     return "\n".join(lines) + "\n"
 
 
-def _counts(c):
+def _counts(c: Dict[str, int]) -> str:
     return "%(pass)d passed, %(fail)d failed, %(error)d errors, %(skip)d skipped" % c
 
 
-def counter_proof_of(cid):
+def counter_proof_of(cid: str) -> str:
     """How a case is counter-proven, or why it is not, in words."""
     for lo in LOOSENINGS:
         if cid in lo.cases:
@@ -463,7 +481,7 @@ def counter_proof_of(cid):
     return "none here: %s" % NOT_COUNTER_PROVABLE[cid]
 
 
-def catalog_markdown():
+def catalog_markdown() -> str:
     """The catalog as the Markdown table of docs/isolation-cases.md (and
     ``chv-cell audit --list``)."""
     rows = ["| id | boundary | probe (must be stopped) | control (must succeed) | counter-proof |",

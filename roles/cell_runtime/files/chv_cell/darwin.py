@@ -26,6 +26,8 @@ process under the sandbox is the slot user from its first instruction, and
 nothing in the profile needs to allow a privilege change.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import resource
@@ -33,11 +35,15 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import claim as claimmod
 from . import policy as policymod
 from . import runner
 from . import seatbelt
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 EXIT_SETUP = 125
 EXIT_BUSY = 75
@@ -63,22 +69,22 @@ RLIMITS = {
 class Refused(Exception):
     """A run refused before the payload started; ``code`` is the exit code."""
 
-    def __init__(self, message, code=EXIT_SETUP):
+    def __init__(self, message: str, code: int = EXIT_SETUP) -> None:
         super().__init__(message)
         self.code = code
 
 
-def log(msg):
+def log(msg: str) -> None:
     sys.stderr.write("chv-cell: %s\n" % msg)
     sys.stderr.flush()
 
 
-def profile_path(policy_path, slot):
+def profile_path(policy_path: str, slot: policymod.Slot) -> str:
     """Where the role renders the slot's profile: seatbelt/<slot>.sb beside the policy."""
     return os.path.join(os.path.dirname(policy_path), "seatbelt", slot["name"] + ".sb")
 
 
-def build_argv(policy, profile_file, cmd):
+def build_argv(policy: policymod.Policy, profile_file: str, cmd: Sequence[str]) -> List[str]:
     """The argv the child execs as the slot user (pure)."""
     cmd = list(cmd)
     if not cmd or not cmd[0]:
@@ -89,7 +95,7 @@ def build_argv(policy, profile_file, cmd):
     return [policy["sandbox_exec"], "-f", profile_file] + cmd
 
 
-def payload_env(policy, slot, term=None):
+def payload_env(policy: policymod.Policy, slot: policymod.Slot, term: Optional[str] = None) -> Dict[str, str]:
     """The payload's whole environment (pure): nothing of the caller's but TERM."""
     dirs = seatbelt.slot_dirs(policy, slot)
     env = dict(policy.get("setenv") or {})
@@ -109,9 +115,9 @@ def payload_env(policy, slot, term=None):
     return env
 
 
-def rlimits(policy):
+def rlimits(policy: policymod.Policy) -> List[Tuple[str, int, int]]:
     """(resource constant name, soft, hard) for each of the policy's rlimits macOS has (pure)."""
-    out = []
+    out: List[Tuple[str, int, int]] = []
     for key, value in sorted((policy.get("rlimits") or {}).items()):
         name = key[7:] if key.startswith("RLIMIT_") else key
         if name not in RLIMITS:
@@ -123,7 +129,8 @@ def rlimits(policy):
     return out
 
 
-def check_profile(path, expected, stat=os.stat, read=None):
+def check_profile(path: str, expected: str, stat: Callable[[str], os.stat_result] = os.stat,
+                  read: Optional[Callable[[str], str]] = None) -> None:
     """Refuse unless ``path`` is root's, writable by root only, and holds ``expected``."""
     try:
         st = stat(path)
@@ -138,12 +145,12 @@ def check_profile(path, expected, stat=os.stat, read=None):
                       "converge the host" % path)
 
 
-def _read(path):
+def _read(path: str) -> str:
     with open(path, "r", encoding="utf-8") as fh:
         return fh.read()
 
 
-def anchor_loaded(policy, run=subprocess.run):
+def anchor_loaded(policy: policymod.Policy, run: Callable[..., subprocess.CompletedProcess[bytes]] = subprocess.run) -> bool:
     """Whether the pf anchor holds rules (read only)."""
     try:
         proc = run([policy["pfctl"], "-a", policy["pf_anchor"], "-s", "rules"],
@@ -156,13 +163,15 @@ def anchor_loaded(policy, run=subprocess.run):
 class Launcher:
     """``chv-cell run`` for a darwin policy (as cli.run_request calls it)."""
 
-    def __init__(self, policy, verbose=False, caller=None, policy_path=policymod.DEFAULT_POLICY_PATH):
+    def __init__(self, policy: policymod.Policy, verbose: bool = False, caller: Optional[str] = None,
+                 policy_path: str = policymod.DEFAULT_POLICY_PATH) -> None:
         self.policy = policy
         self.verbose = verbose
         self.caller = caller
         self.policy_path = policy_path
 
-    def run(self, cmd, slot_name=None, timeout=None, shared_network=False, runtime_max=None):
+    def run(self, cmd: Sequence[str], slot_name: Optional[str] = None, timeout: Optional[float] = None,
+            shared_network: bool = False, runtime_max: Optional[float] = None) -> int:
         pol = self.policy
         if pol["platform"] != "darwin" or sys.platform != "darwin":
             log("this launcher runs darwin policies on macOS only (policy %s, system %s)"
@@ -195,7 +204,7 @@ class Launcher:
         finally:
             held.release()
 
-    def _run_claimed(self, slot, cmd, limit):
+    def _run_claimed(self, slot: policymod.Slot, cmd: Sequence[str], limit: float) -> int:
         pol = self.policy
         path = profile_path(self.policy_path, slot)
         check_profile(path, seatbelt.profile(pol, slot))
@@ -235,8 +244,8 @@ class Launcher:
             runner._unlink(record)  # pylint: disable=protected-access
             self._fresh_tmp(dirs["tmp"], uid, gid, recreate=False)
 
-    def _wait(self, pid, limit):
-        def forward(signum, _frame):
+    def _wait(self, pid: int, limit: float) -> int:
+        def forward(signum: int, _frame: Optional[FrameType]) -> None:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -261,7 +270,7 @@ class Launcher:
             time.sleep(0.05)
 
     @staticmethod
-    def _fresh_tmp(path, uid, gid, recreate=True):
+    def _fresh_tmp(path: str, uid: int, gid: int, recreate: bool = True) -> None:
         subprocess.run(["/bin/rm", "-rf", "--", path], check=False)
         if recreate:
             os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)

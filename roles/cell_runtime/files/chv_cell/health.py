@@ -21,12 +21,15 @@ The in-cell half of this file runs as a plain script inside the cell
 (``python3 -I health.py in-cell ARGS``): standard library only, no imports
 from the package."""
 
+from __future__ import annotations
+
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 CONNECT_TIMEOUT = 3.0
 TIMED_OUT = "TimeoutError"
@@ -34,7 +37,14 @@ GUEST_PROBE_PORT = 22
 EXIT_UNHEALTHY = 1
 
 
-def default_gateway(route_text):
+class Check(TypedDict):
+    """One check of the verdict, as the health gate reports it."""
+    check: str
+    ok: bool
+    detail: str
+
+
+def default_gateway(route_text: str) -> Optional[str]:
     """The IPv4 default gateway in /proc/net/route text, or None."""
     for line in route_text.splitlines()[1:]:
         fields = line.split()
@@ -44,7 +54,7 @@ def default_gateway(route_text):
     return None
 
 
-def parse_target(text):
+def parse_target(text: str) -> Tuple[str, int]:
     """``host:port`` or ``[v6]:port`` -> (host, port); ValueError names the text."""
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -56,7 +66,7 @@ def parse_target(text):
     return host, int(port)
 
 
-def connect(host, port, timeout=CONNECT_TIMEOUT):
+def connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> str:
     """"connected" or the error text."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -65,12 +75,12 @@ def connect(host, port, timeout=CONNECT_TIMEOUT):
         return "%s: %s" % (type(exc).__name__, exc)
 
 
-def in_cell(request, route_path="/proc/net/route"):
+def in_cell(request: Mapping[str, Any], route_path: str = "/proc/net/route") -> Dict[str, Any]:
     """Inside the cell: the probe. ``request``: {"broker_client": path or
     null, "allow": [host:port], "deny": [host:port]}. Returns the report."""
     with open(route_path) as fh:
         gateway = default_gateway(fh.read())
-    report = {"gateway": gateway, "allow": {}, "deny": {}}
+    report: Dict[str, Any] = {"gateway": gateway, "allow": {}, "deny": {}}
     if request.get("broker_client"):
         proc = subprocess.run([sys.executable, "-I", request["broker_client"], json.dumps({"op": "ping"})],
                               capture_output=True, text=True, timeout=30, check=False)
@@ -85,11 +95,11 @@ def in_cell(request, route_path="/proc/net/route"):
 
 # ------------------------------------------------------------- the verdict
 
-def _check(name, ok, detail):
+def _check(name: str, ok: object, detail: str) -> Check:
     return {"check": name, "ok": bool(ok), "detail": detail}
 
 
-def unit_check(name, before, after):
+def unit_check(name: str, before: Mapping[str, str], after: Mapping[str, str]) -> Check:
     """``before``/``after``: the unit's ActiveState, SubState and NRestarts
     (systemctl show) read before and after the cell's probe."""
     state = "%s/%s" % (after.get("ActiveState", "?"), after.get("SubState", "?"))
@@ -104,12 +114,14 @@ def unit_check(name, before, after):
     return _check("unit " + name, True, state + restarts)
 
 
-def drops(counters):
+def drops(counters: Mapping[str, int]) -> int:
     """The sum of the ruleset's drop_* counters (packets)."""
     return sum(v for k, v in counters.items() if k.startswith("drop_"))
 
 
-def verdict(request, units, cell, counters_before, counters_after):
+def verdict(request: Mapping[str, Any], units: Mapping[str, Tuple[Mapping[str, str], Mapping[str, str]]],
+            cell: Mapping[str, Any], counters_before: Optional[Mapping[str, int]],
+            counters_after: Optional[Mapping[str, int]]) -> List[Check]:
     """The checks, in order. ``units``: name -> (before, after) properties;
     ``cell``: {"rc", "out", "err"} of the cell run; counters: name -> packets
     (None when the table could not be read)."""
@@ -147,7 +159,7 @@ def verdict(request, units, cell, counters_before, counters_after):
     return checks
 
 
-def summary(host, checks):
+def summary(host: Optional[str], checks: Sequence[Check]) -> str:
     """One line: healthy, or each failed check with what it saw (``host:`` first when given)."""
     bad = [c for c in checks if not c["ok"]]
     prefix = "" if host is None else "%s: " % host
@@ -158,13 +170,13 @@ def summary(host, checks):
 
 # ------------------------------------------------------------- the guest side
 
-def _unit_props(name):
+def _unit_props(name: str) -> Dict[str, str]:
     out = subprocess.run(["systemctl", "show", "-p", "LoadState,ActiveState,SubState,NRestarts", "--", name],
                          capture_output=True, text=True, check=False).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def read_counters():
+def read_counters() -> Optional[Dict[str, int]]:
     proc = subprocess.run(["nft", "-j", "list", "counters", "table", "inet", "chv_cell"],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -173,7 +185,8 @@ def read_counters():
     return {i["counter"]["name"]: i["counter"]["packets"] for i in items if "counter" in i}
 
 
-def run(policy_path, units, request, claim_timeout=30.0):
+def run(policy_path: str, units: Sequence[str], request: Mapping[str, Any],
+        claim_timeout: float = 30.0) -> List[Check]:
     """The checks on this guest: units before, a cell with the probe,
     counters around it, units after."""
     before = {u: _unit_props(u) for u in units}

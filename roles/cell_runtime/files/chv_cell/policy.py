@@ -8,15 +8,26 @@ on the rendered file before putting it in place, so everything the launcher
 would refuse at run time is refused at deploy time.
 """
 
+from __future__ import annotations
+
 import copy
 import ipaddress
 import json
 import math
 import re
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from . import disk as diskmod
 from . import families as familiesmod
 from . import limits as limitsmod
+
+if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10: annotations only
+
+# A merged policy and one of its slot records: JSON objects whose shape
+# validate() checks (DEFAULTS and validate are the one home of that shape).
+Policy = Dict[str, Any]
+Slot = Dict[str, Any]
 
 POLICY_VERSION = 1
 DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"
@@ -195,12 +206,12 @@ PROTECTED_PATHS = ("/run/chv-fleet", "/etc/chv", "/var/lib/chv-fleet/identities.
 class PolicyError(Exception):
     """The policy file cannot be used; ``errors`` lists every problem."""
 
-    def __init__(self, errors):
+    def __init__(self, errors: Iterable[str]) -> None:
         super().__init__("; ".join(errors))
         self.errors = list(errors)
 
 
-def _is_abs_clean(path):
+def _is_abs_clean(path: object) -> TypeGuard[str]:
     """An absolute, normalised path that nspawn's --bind syntax can carry."""
     if not isinstance(path, str) or not path.startswith("/"):
         return False
@@ -212,14 +223,14 @@ def _is_abs_clean(path):
     return True
 
 
-def is_under(path, root):
+def is_under(path: str, root: str) -> bool:
     """True when ``path`` equals ``root`` or lies beneath it."""
     if root == "/":
         return True
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def merged(obj):
+def merged(obj: Mapping[str, Any]) -> Policy:
     """Policy with defaults filled in for absent keys (deep copy)."""
     out = copy.deepcopy(DEFAULTS)
     for key, value in obj.items():
@@ -227,7 +238,7 @@ def merged(obj):
     return out
 
 
-def _check_binds(name, binds, errors, state_dir):
+def _check_binds(name: str, binds: object, errors: List[str], state_dir: object) -> None:
     if not isinstance(binds, list):
         errors.append("%s: must be a list" % name)
         return
@@ -259,7 +270,7 @@ def _check_binds(name, binds, errors, state_dir):
             errors.append("%s: target %s would replace a system tree of the cell" % (where, tgt))
 
 
-def _typed_slots(slots, fields, errors):
+def _typed_slots(slots: object, fields: Mapping[str, type], errors: List[str]) -> List[Tuple[int, Slot]]:
     """(index, record) of each slot record that has every field of ``fields``
     with its type; one error for each other record, or for a slot list that
     is no non-empty list."""
@@ -284,9 +295,9 @@ def _typed_slots(slots, fields, errors):
     return out
 
 
-def _check_slots(slots, errors):
-    seen = {k: {} for k in ("name", "index", "machine", "host_ifname")}
-    nets = []
+def _check_slots(slots: object, errors: List[str]) -> None:
+    seen: Dict[str, Dict[object, int]] = {k: {} for k in ("name", "index", "machine", "host_ifname")}
+    nets: List[Tuple[int, ipaddress.IPv4Network]] = []
     ranges = []
     for i, s in _typed_slots(slots, SLOT_FIELDS, errors):
         where = "slots[%d] (%s)" % (i, s["name"])
@@ -343,9 +354,9 @@ def _check_slots(slots, errors):
                 )
 
 
-def _check_darwin_slots(slots, errors):
+def _check_darwin_slots(slots: object, errors: List[str]) -> None:
     """A darwin policy's slots: each an unprivileged user of its own."""
-    seen = {k: {} for k in ("name", "index", "user", "uid_base")}
+    seen: Dict[str, Dict[object, int]] = {k: {} for k in ("name", "index", "user", "uid_base")}
     for i, s in _typed_slots(slots, DARWIN_SLOT_FIELDS, errors):
         where = "slots[%d] (%s)" % (i, s["name"])
         if not _SLOT_RE.match(s["name"]):
@@ -362,7 +373,7 @@ def _check_darwin_slots(slots, errors):
             seen[key][s[key]] = i
 
 
-def _bind_targets(binds):
+def _bind_targets(binds: object) -> List[str]:
     """Targets of a readonly_binds/writable_binds list as checkable paths
     (``{slot}`` replaced by a sample name; malformed entries skipped)."""
     out = []
@@ -375,7 +386,7 @@ def _bind_targets(binds):
     return out
 
 
-def _check_agent(p, errors):
+def _check_agent(p: Policy, errors: List[str]) -> None:
     """agent_user, agent_home, workspace_aliases and the agent's environment.
 
     agent_user is a plain user name; agent_home an absolute path outside the
@@ -420,7 +431,8 @@ def _check_agent(p, errors):
                 errors.append("setenv: %s is set from agent_user/agent_home and cannot be overridden" % k)
 
 
-def _check_names(errors, key, values, what, is_valid, invalid_message, required):
+def _check_names(errors: List[str], key: str, values: object, what: str, is_valid: Callable[[str], object],
+                 invalid_message: str, required: AbstractSet[str]) -> None:
     """A list of names: strings only, each valid, and every required one present."""
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         errors.append("%s: must be a list of %s" % (key, what))
@@ -431,7 +443,7 @@ def _check_names(errors, key, values, what, is_valid, invalid_message, required)
         errors.append("%s: must include %s" % (key, ", ".join(sorted(missing))))
 
 
-def validate(obj):
+def validate(obj: object) -> List[str]:
     """Return a list of errors (empty when the policy is valid)."""
     errors = []
     if not isinstance(obj, dict):
@@ -448,11 +460,11 @@ def validate(obj):
     platform = p["platform"] if p["platform"] in PLATFORMS else None
     if platform is None:
         errors.append("platform: must be one of %s" % ", ".join(PLATFORMS))
-    programs = {"linux": LINUX_PROGRAMS, "darwin": DARWIN_PROGRAMS}.get(platform, ())
+    programs = {"linux": LINUX_PROGRAMS, "darwin": DARWIN_PROGRAMS}.get(platform or "", ())
     for key in programs + ("python", "state_dir", "workspace_root", "agent_state_root"):
         if not _is_abs_clean(p[key]) or p[key] == "/":
             errors.append("%s: %r must be an absolute normalised path" % (key, p[key]))
-    for key in {"linux": DARWIN_PROGRAMS + ("pf_anchor",), "darwin": LINUX_PROGRAMS}.get(platform, ()):
+    for key in {"linux": DARWIN_PROGRAMS + ("pf_anchor",), "darwin": LINUX_PROGRAMS}.get(platform or "", ()):
         if p[key] is not None:
             errors.append("%s: must be null in a %s policy" % (key, platform))
     if platform == "darwin" and not (isinstance(p["pf_anchor"], str) and _PF_ANCHOR_RE.match(p["pf_anchor"])):
@@ -596,7 +608,7 @@ def validate(obj):
     return errors
 
 
-def _check_disk(p, platform, errors):
+def _check_disk(p: Policy, platform: Optional[str], errors: List[str]) -> None:
     """disk_max: null, or a size string (a linux policy only)."""
     v = p["disk_max"]
     if v is None:
@@ -611,7 +623,7 @@ def _check_disk(p, platform, errors):
         errors.append("disk_max: %s" % exc)
 
 
-def _check_warm(p, errors):
+def _check_warm(p: Policy, errors: List[str]) -> None:
     """warm_slots: distinct names of the policy's slots."""
     warm = p["warm_slots"]
     if not isinstance(warm, list) or not all(isinstance(w, str) for w in warm):
@@ -625,7 +637,7 @@ def _check_warm(p, errors):
         errors.append("warm_slots: a slot is named twice")
 
 
-def effective_runtime_max(policy_max, requested):
+def effective_runtime_max(policy_max: float, requested: Optional[float]) -> float:
     """The wall-clock limit of one run (seconds, 0 = none).
 
     ``requested`` (``chv-cell run --runtime-max``, None when not given) may
@@ -651,7 +663,7 @@ def effective_runtime_max(policy_max, requested):
     return requested
 
 
-def load(path=DEFAULT_POLICY_PATH):
+def load(path: str = DEFAULT_POLICY_PATH) -> Policy:
     """Read, validate and return the merged policy; raise PolicyError."""
     try:
         with open(path, "r", encoding="utf-8") as fh:
@@ -666,7 +678,8 @@ def load(path=DEFAULT_POLICY_PATH):
     return merged(obj)
 
 
-def slot_by_name(policy, name):
+def slot_by_name(policy: Policy, name: str) -> Slot:
+    s: Slot
     for s in policy["slots"]:
         if s["name"] == name:
             return s

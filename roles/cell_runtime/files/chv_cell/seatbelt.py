@@ -32,6 +32,13 @@ so every path is written in its resolved form (``resolved``), and a denied
 path in both forms.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping
+
+if TYPE_CHECKING:
+    from .policy import Policy, Slot
+
 # The first-level symlinks of macOS (and /run, which the cell_runtime role
 # adds through /etc/synthetic.conf): Seatbelt matches the resolved path.
 ROOT_LINKS = (
@@ -77,7 +84,7 @@ RESOLVER_SERVICES = ("com.apple.dnssd.service", "com.apple.system.opendirectoryd
 TMP_ROOT = "/private/var/tmp/chv-fleet"
 
 
-def resolved(path):
+def resolved(path: str) -> str:
     """``path`` as Seatbelt sees it (first-level macOS symlinks resolved)."""
     for link, target in ROOT_LINKS:
         if path == link or path.startswith(link + "/"):
@@ -85,7 +92,7 @@ def resolved(path):
     return path
 
 
-def _forms(path):
+def _forms(path: str) -> List[str]:
     """The path and its resolved form, each once."""
     out = [path]
     if resolved(path) != path:
@@ -93,14 +100,14 @@ def _forms(path):
     return out
 
 
-def quote(text):
+def quote(text: str) -> str:
     """An SBPL string literal."""
     if "\n" in text or "\0" in text:
         raise ValueError("path %r cannot be written into a Seatbelt profile" % text)
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def slot_dirs(policy, slot):
+def slot_dirs(policy: Policy, slot: Slot) -> Dict[str, str]:
     """The slot's own directories on the host: workspace, agent state (its
     HOME) and temp directory."""
     name = slot["name"]
@@ -111,19 +118,20 @@ def slot_dirs(policy, slot):
     }
 
 
-def _bind_source(bind, slot):
-    return bind["source"].replace("{slot}", slot["name"])
+def _bind_source(bind: Mapping[str, Any], slot: Slot) -> str:
+    source: str = bind["source"]
+    return source.replace("{slot}", slot["name"])
 
 
-def profile(policy, slot):
+def profile(policy: Policy, slot: Slot) -> str:
     """The Seatbelt profile (SBPL text) of ``slot`` under ``policy``."""
     dirs = slot_dirs(policy, slot)
     readonly = [_bind_source(b, slot) for b in policy.get("readonly_binds") or []]
     writable = [_bind_source(b, slot) for b in policy.get("writable_binds") or []]
     own = [dirs["workspace"], dirs["agent_state"], dirs["tmp"]]
 
-    def subpaths(paths):
-        seen = []
+    def subpaths(paths: List[str]) -> str:
+        seen: List[str] = []
         for p in paths:
             for form in _forms(p):
                 if form not in seen:
@@ -172,8 +180,8 @@ def profile(policy, slot):
     return "\n".join(lines) + "\n"
 
 
-def _dedup(items):
-    out = []
+def _dedup(items: Iterable[str]) -> List[str]:
+    out: List[str] = []
     for item in items:
         if item not in out:
             out.append(item)

@@ -18,7 +18,7 @@ import errno
 import fcntl
 import os
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 
 class SlotBusy(Exception):
@@ -30,7 +30,7 @@ class Claim:
 
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
-        self.fd: int | None = fd
+        self.fd: Optional[int] = fd
 
     def release(self) -> None:
         """Unlink (while still holding the lock) and close."""
@@ -75,9 +75,9 @@ def try_claim(path: str) -> Claim:
         return Claim(path, fd)
 
 
-def claim_any(lock_paths: Sequence[tuple[str, str]], timeout: float, poll: float = 0.05,
+def claim_any(lock_paths: Sequence[Tuple[str, str]], timeout: float, poll: float = 0.05,
               sleep: Callable[[float], object] = time.sleep,
-              clock: Callable[[], float] = time.monotonic) -> tuple[str, Claim]:
+              clock: Callable[[], float] = time.monotonic) -> Tuple[str, Claim]:
     """Claim the first free lock among ``lock_paths`` (a list of (key, path)).
 
     Retries until ``timeout`` seconds have passed; returns (key, Claim) or

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable, Mapping, Sequence, TypedDict
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Sequence, Set, Type, TypedDict
+
+if TYPE_CHECKING:
+    from .policy import Policy, Slot  # policy imports this module
 
 # Sizes as the role variable takes them: a whole number of KiB, MiB, GiB or
 # TiB (base 1024, the unit letter required; what fallocate -l, truncate -s
@@ -53,7 +56,7 @@ class Mount(TypedDict):
     dev: str
     root: str
     mountpoint: str
-    options: set[str]
+    options: Set[str]
     fstype: str
     source: str
 
@@ -77,11 +80,11 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def parse_mountinfo(text: str) -> list[Mount]:
+def parse_mountinfo(text: str) -> List[Mount]:
     """The mounts of a /proc/PID/mountinfo text, in order: dicts with
     ``dev`` ("major:minor"), ``root``, ``mountpoint``, ``options`` (the
     per-mount ones, a set), ``fstype`` and ``source``."""
-    out: list[Mount] = []
+    out: List[Mount] = []
     for line in text.splitlines():
         if " - " not in line:
             continue
@@ -104,7 +107,7 @@ def _is_under(path: str, top: str) -> bool:
     return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def mount_of(mounts: Iterable[Mount], path: str) -> Mount | None:
+def mount_of(mounts: Iterable[Mount], path: str) -> Optional[Mount]:
     """The mount that holds ``path`` (the last one mounted at the longest
     mount point above or at it)."""
     best = None
@@ -115,7 +118,7 @@ def mount_of(mounts: Iterable[Mount], path: str) -> Mount | None:
 
 
 def mount_problems(mounts: Sequence[Mount], paths: Mapping[str, str], other_paths: Iterable[str],
-                   fs_size: int | None = None, disk_max: int | None = None) -> list[str]:
+                   fs_size: Optional[int] = None, disk_max: Optional[int] = None) -> List[str]:
     """What keeps a slot's disk quota from being in force.
 
     ``paths``: {"workspace": path, "home": path} of the slot (resolved);
@@ -161,8 +164,8 @@ def _fs_size(path: str) -> int:
     return st.f_blocks * st.f_frsize
 
 
-def check_slot(policy: Mapping[str, Any], slot: Mapping[str, Any], paths: Mapping[str, str],
-               error: type[Exception] = DiskError, mountinfo: str = MOUNTINFO) -> None:
+def check_slot(policy: Policy, slot: Slot, paths: Mapping[str, str],
+               error: Type[Exception] = DiskError, mountinfo: str = MOUNTINFO) -> None:
     """Raise ``error`` unless the slot's disk quota is in force (policy
     ``disk_max`` set); nothing to check when it is null.  ``paths``: the
     slot's argv.cell_paths()."""

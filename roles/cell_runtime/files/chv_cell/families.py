@@ -38,7 +38,7 @@ import errno
 import importlib.machinery
 import importlib.util
 import sys
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -83,7 +83,7 @@ class SocketFilter(Protocol):
     def load(self) -> None: ...
 
 
-def validate(value: object) -> list[str]:
+def validate(value: object) -> List[str]:
     """Errors of a policy ``socket_families`` value (empty list: valid)."""
     if value == ANY:
         return []
@@ -100,14 +100,14 @@ def validate(value: object) -> list[str]:
     return errors
 
 
-def numbers(value: str | Iterable[str]) -> list[int] | None:
+def numbers(value: Union[str, Iterable[str]]) -> Optional[List[int]]:
     """The sorted family numbers a policy value allows (None: any)."""
     if value == ANY:
         return None
     return sorted({FAMILIES[v] for v in value})
 
 
-def plan(allowed: Iterable[int]) -> list[tuple[str, int]]:
+def plan(allowed: Iterable[int]) -> List[Tuple[str, int]]:
     """The deny rules for family numbers ``allowed`` (non-empty): a list of
     (op, value) comparisons on argument 0, each one denying on its own,
     applied to every syscall in SYSCALLS.  ``op`` is "lt", "gt" or "eq"."""
@@ -121,7 +121,7 @@ def plan(allowed: Iterable[int]) -> list[tuple[str, int]]:
     return rules
 
 
-def denies(rules: Iterable[tuple[str, int]], family: int) -> bool:
+def denies(rules: Iterable[Tuple[str, int]], family: int) -> bool:
     """Whether ``rules`` (plan) deny the 64-bit argument value ``family``."""
     family &= (1 << 64) - 1
     for op, value in rules:
@@ -130,7 +130,7 @@ def denies(rules: Iterable[tuple[str, int]], family: int) -> bool:
     return False
 
 
-def load_seccomp(dirs: Sequence[str] | None = None) -> ModuleType:
+def load_seccomp(dirs: Optional[Sequence[str]] = None) -> ModuleType:
     """The libseccomp binding module: the one already imported or on
     sys.path, else the one in ``dirs`` (default SECCOMP_DIRS, Debian's
     dist-packages), found there by name only: nothing else of that
@@ -157,7 +157,7 @@ def load_seccomp(dirs: Sequence[str] | None = None) -> ModuleType:
 _OPS = {"lt": "LT", "gt": "GT", "eq": "EQ"}
 
 
-def build(allowed: Iterable[int], seccomp: ModuleType | None = None) -> SocketFilter:
+def build(allowed: Iterable[int], seccomp: Optional[ModuleType] = None) -> SocketFilter:
     """A libseccomp SyscallFilter (not loaded yet) that denies socket() and
     socketpair() of every family outside ``allowed`` (numbers) with
     EAFNOSUPPORT, allows everything else, and kills the process on a system
@@ -177,14 +177,14 @@ def build(allowed: Iterable[int], seccomp: ModuleType | None = None) -> SocketFi
     return f
 
 
-def describe(value: str | Iterable[str]) -> str:
+def describe(value: Union[str, Iterable[str]]) -> str:
     """One line for logs: what the filter allows."""
     if value == ANY:
         return "any socket family (no filter)"
     return "socket families " + ", ".join(sorted(set(value), key=FAMILIES.__getitem__))
 
 
-def filter_for(value: str | Iterable[str], seccomp: ModuleType | None = None) -> SocketFilter | None:
+def filter_for(value: Union[str, Iterable[str]], seccomp: Optional[ModuleType] = None) -> Optional[SocketFilter]:
     """The filter for a policy's ``socket_families`` (None for "any");
     raises FilterUnavailable."""
     allowed = numbers(value)

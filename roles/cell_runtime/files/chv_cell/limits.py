@@ -15,7 +15,7 @@ Pure: ``convert`` maps one property to (controller, file, value) and
 from __future__ import annotations
 
 import re
-from typing import Container, Iterable, Mapping, NamedTuple
+from typing import Container, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 # Property -> (controller, cgroup v2 file, kind of value).
 MAPPING = {
@@ -55,7 +55,7 @@ class LimitError(ValueError):
     """A property the launcher cannot map to a cgroup file."""
 
 
-def _size(text: str) -> int | None:
+def _size(text: str) -> Optional[int]:
     m = _SIZE_RE.match(text)
     if not m:
         return None
@@ -67,12 +67,12 @@ def _size(text: str) -> int | None:
     return n
 
 
-def _percent(text: str) -> float | None:
+def _percent(text: str) -> Optional[float]:
     m = _PERCENT_RE.match(text)
     return float(m.group(1)) if m else None
 
 
-def convert(prop: str, value: object, mem_total: int | None = None, tasks_total: int | None = None) -> Limit:
+def convert(prop: str, value: object, mem_total: Optional[int] = None, tasks_total: Optional[int] = None) -> Limit:
     """The Limit for one unit property; raises LimitError when it cannot be
     mapped.  ``mem_total`` (bytes of RAM) and ``tasks_total`` (the system's
     task limit) are needed only for percentages, as systemd defines them."""
@@ -92,7 +92,7 @@ def convert(prop: str, value: object, mem_total: int | None = None, tasks_total:
     if kind in ("bytes", "tasks") and text == "infinity":
         return Limit(prop, controller, fname, "max")
 
-    def share(total: int | None, of_what: str) -> int | None:
+    def share(total: Optional[int], of_what: str) -> Optional[int]:
         """``text`` as a percentage of ``total`` (None when it is no percentage)."""
         pct = _percent(text)
         if pct is None:
@@ -132,8 +132,8 @@ def convert(prop: str, value: object, mem_total: int | None = None, tasks_total:
     return Limit(prop, controller, fname, str(int(text)))
 
 
-def plan(properties: Mapping[str, object], mem_total: int | None = None,
-         tasks_total: int | None = None) -> tuple[list[Limit], list[str]]:
+def plan(properties: Mapping[str, object], mem_total: Optional[int] = None,
+         tasks_total: Optional[int] = None) -> Tuple[List[Limit], List[str]]:
     """(limits, errors): every property converted, or the reason it cannot be."""
     limits, errors = [], []
     for prop, value in sorted(properties.items()):
@@ -170,7 +170,7 @@ def matches(limit: Limit, text: str, page_size: int = 4096) -> bool:
 
 
 def unavailable(limits: Iterable[Limit], enabled_controllers: Container[str],
-                present_files: Container[str]) -> list[tuple[Limit, str]]:
+                present_files: Container[str]) -> List[Tuple[Limit, str]]:
     """Limits that cannot be enforced in a cgroup whose parent enables
     ``enabled_controllers`` and which has the files ``present_files``:
     a list of (limit, reason)."""
@@ -183,7 +183,7 @@ def unavailable(limits: Iterable[Limit], enabled_controllers: Container[str],
     return out
 
 
-def scope_dir(cgroup_path: str, unit: str) -> str | None:
+def scope_dir(cgroup_path: str, unit: str) -> Optional[str]:
     """The ancestor of ``cgroup_path`` (a cgroup2 path as /proc/PID/cgroup
     shows it) named ``unit``, or None."""
     parts = [p for p in cgroup_path.split("/") if p]
@@ -194,6 +194,6 @@ def scope_dir(cgroup_path: str, unit: str) -> str | None:
     return None
 
 
-def describe(items: Iterable[tuple[Limit, str]]) -> str:
+def describe(items: Iterable[Tuple[Limit, str]]) -> str:
     """One human-readable list of (Limit, reason) pairs."""
     return "; ".join("%s (%s): %s" % (lim.prop, lim.file, reason) for lim, reason in items)

@@ -11,7 +11,7 @@ handed to a cell.
 from __future__ import annotations
 
 import ipaddress
-from typing import Sequence
+from typing import List, Optional, Sequence, Tuple
 
 HOST_RESOLV_CONF = "/etc/resolv.conf"
 RESOLVED_UPSTREAM = "/run/systemd/resolve/resolv.conf"
@@ -21,7 +21,7 @@ class ResolverError(Exception):
     pass
 
 
-def parse_resolv_conf(text: str) -> tuple[list[str], list[str]]:
+def parse_resolv_conf(text: str) -> Tuple[List[str], List[str]]:
     """Return (nameservers, search domains) from resolv.conf text."""
     servers, search = [], []
     for raw in text.splitlines():
@@ -45,8 +45,9 @@ def _usable(addr: str) -> bool:
     return not (ip.is_loopback or ip.is_unspecified or ip.is_link_local)
 
 
-def effective_upstream(host_text: str | None, resolved_text: str | None = None, override: Sequence[str] | None = None,
-                       override_search: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+def effective_upstream(host_text: Optional[str], resolved_text: Optional[str] = None,
+                       override: Optional[Sequence[str]] = None,
+                       override_search: Optional[Sequence[str]] = None) -> Tuple[List[str], List[str]]:
     """Pick the resolvers and search list a cell should use.
 
     host_text: content of the host's /etc/resolv.conf (or None if unreadable)
@@ -98,7 +99,7 @@ def render_hosts(machine: str, address: str) -> str:
     )
 
 
-def _read(path: str) -> str | None:
+def _read(path: str) -> Optional[str]:
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as fh:
             return fh.read()
@@ -106,8 +107,8 @@ def _read(path: str) -> str | None:
         return None
 
 
-def host_upstream(override: Sequence[str] | None = None,
-                  override_search: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+def host_upstream(override: Optional[Sequence[str]] = None,
+                  override_search: Optional[Sequence[str]] = None) -> Tuple[List[str], List[str]]:
     """Read the host's files and return effective_upstream(...)."""
     host_text = _read(HOST_RESOLV_CONF)
     resolved_text = None

@@ -43,7 +43,10 @@ import errno
 import os
 import stat
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from .policy import Policy, Slot
 
 EXIT_REFUSED = 65  # EX_DATAERR: the file is refused (link, not regular, not the slot's)
 EXIT_MISSING = 66  # EX_NOINPUT: no such file
@@ -83,7 +86,7 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-_libc: ctypes.CDLL | None = None
+_libc: Optional[ctypes.CDLL] = None
 
 
 def _syscall() -> Callable[..., int]:
@@ -107,7 +110,7 @@ def openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
 
 
 # ---------------------------------------------------------------- the path
-def split_relative(rel: str) -> list[str]:
+def split_relative(rel: str) -> List[str]:
     """The components of a relative path: empty and ``.`` ones dropped;
     ``..``, a NUL or an empty result refused (EXIT_CONFIG)."""
     if "\0" in rel:
@@ -121,7 +124,7 @@ def split_relative(rel: str) -> list[str]:
     return parts
 
 
-def _beneath(path: str, top: str) -> str | None:
+def _beneath(path: str, top: str) -> Optional[str]:
     """The rest of ``path`` below ``top`` ('' for ``top`` itself), or None."""
     top = top.rstrip("/") or "/"
     if path == top:
@@ -130,7 +133,7 @@ def _beneath(path: str, top: str) -> str | None:
     return path[len(prefix):] if path.startswith(prefix) else None
 
 
-def locate(policy: Mapping[str, Any], slot: Mapping[str, Any], path: str) -> tuple[str, str, list[str]]:
+def locate(policy: Policy, slot: Slot, path: str) -> Tuple[str, str, List[str]]:
     """Map a path of the slot's cell to (kind, host directory, components).
 
     ``path`` relative: beneath the workspace (the cell's working directory).
@@ -210,7 +213,7 @@ def _walk(base_fd: int, parts: Sequence[str]) -> int:
         raise
 
 
-def open_beneath(base_fd: int, parts: Sequence[str], use_openat2: bool = True) -> tuple[int, str]:
+def open_beneath(base_fd: int, parts: Sequence[str], use_openat2: bool = True) -> Tuple[int, str]:
     """The fd of ``parts`` beneath ``base_fd`` opened with _LEAF_FLAGS,
     never following a symlink nor leaving ``base_fd``: openat2 when
     ``use_openat2`` and the kernel has it, else the walk.  Returns (fd,
@@ -224,7 +227,7 @@ def open_beneath(base_fd: int, parts: Sequence[str], use_openat2: bool = True) -
     return _walk(base_fd, parts), "walk"
 
 
-def cell_could_read(st: os.stat_result, slot: Mapping[str, Any]) -> bool:
+def cell_could_read(st: os.stat_result, slot: Slot) -> bool:
     """The slot's cell could read this inode: owned by a uid of its range, or world-readable."""
     return slot["uid_base"] <= st.st_uid < slot["uid_base"] + slot["uid_size"] or bool(st.st_mode & stat.S_IROTH)
 
@@ -237,8 +240,8 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_slot_file(policy: Mapping[str, Any], slot: Mapping[str, Any], path: str, max_bytes: int,
-                   use_openat2: bool = True) -> tuple[int, os.stat_result, str]:
+def open_slot_file(policy: Policy, slot: Slot, path: str, max_bytes: int,
+                   use_openat2: bool = True) -> Tuple[int, os.stat_result, str]:
     """Open the cell path ``path`` of ``slot`` for reading as described in
     the module's docstring.  Returns (fd, st, how); raises Refused."""
     kind, top, parts = locate(policy, slot, path)
@@ -249,7 +252,7 @@ def open_slot_file(policy: Mapping[str, Any], slot: Mapping[str, Any], path: str
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise Refused(EXIT_MISSING, "%s: the slot's %s %s does not exist" % (what, kind, top))
         raise _errno_refusal(exc, what)
-    leaf: int | None  # None once the fd is returned or closed
+    leaf: Optional[int]  # None once the fd is returned or closed
     try:
         try:
             leaf, how = open_beneath(base, parts, use_openat2)
@@ -285,7 +288,7 @@ def open_slot_file(policy: Mapping[str, Any], slot: Mapping[str, Any], path: str
             os.close(leaf)
 
 
-def copy_bounded(fd: int, out_fd: int, max_bytes: int) -> tuple[int, bool]:
+def copy_bounded(fd: int, out_fd: int, max_bytes: int) -> Tuple[int, bool]:
     """Copy ``fd`` to ``out_fd`` up to ``max_bytes``; (bytes copied, more
     left), where more left means the file grew past the limit."""
     done = 0
@@ -300,8 +303,8 @@ def copy_bounded(fd: int, out_fd: int, max_bytes: int) -> tuple[int, bool]:
     return done, bool(os.read(fd, 1))
 
 
-def read_file(policy: Mapping[str, Any], slot_name: str, path: str, out_fd: int = 1,
-              log: Callable[[str], object] | None = None, use_openat2: bool = True) -> int:
+def read_file(policy: Policy, slot_name: str, path: str, out_fd: int = 1,
+              log: Optional[Callable[[str], object]] = None, use_openat2: bool = True) -> int:
     """``chv-cell read --slot SLOT PATH``: the file's bytes to ``out_fd``;
     the exit code (one ``log`` line for every refusal)."""
     log = log or (lambda msg: sys.stderr.write("chv-cell: %s\n" % msg))

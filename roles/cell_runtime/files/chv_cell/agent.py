@@ -52,7 +52,6 @@ STATUS_FD_MAX = 1023  # --status-fd: 3 .. 1023
 READ_PATH_MAX = 4096  # read PATH: at most PATH_MAX characters
 
 
-
 # status_fd: run's --status-fd (None without); path: read's PATH.
 class AgentRequest(NamedTuple):
     action: str

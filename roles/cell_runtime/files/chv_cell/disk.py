@@ -50,15 +50,16 @@ class DiskError(Exception):
     """The slot's disk quota is not in force; the message says what is missing."""
 
 
-class Mount(TypedDict):
-    """One line of a mountinfo text (parse_mountinfo)."""
+if TYPE_CHECKING:  # a TypedDict compiles its annotations at import (about 1 ms): for the checker only
+    class Mount(TypedDict):
+        """One line of a mountinfo text (parse_mountinfo)."""
 
-    dev: str
-    root: str
-    mountpoint: str
-    options: Set[str]
-    fstype: str
-    source: str
+        dev: str
+        root: str
+        mountpoint: str
+        options: Set[str]
+        fstype: str
+        source: str
 
 
 def parse_size(text: object) -> int:

@@ -508,12 +508,13 @@ def _writable_proc_sys(libc: ctypes.CDLL, path: str = "/proc/sys") -> None:
 VERDICTS = ("ran", "runtime", "signal", "setup", "busy", "config", "unknown")
 
 
-class StatusRecord(TypedDict):
-    verdict: str  # one of VERDICTS
-    exit: int
-    slot: Optional[str]
-    payload_started: bool
-    payload_exit: Optional[int]
+if TYPE_CHECKING:  # a TypedDict compiles its annotations at import (about 1 ms): for the checker only
+    class StatusRecord(TypedDict):
+        verdict: str  # one of VERDICTS
+        exit: int
+        slot: Optional[str]
+        payload_started: bool
+        payload_exit: Optional[int]
 
 
 def status_record(rc: int, stage: Optional[str], slot: Optional[str] = None, payload_started: bool = False,

@@ -1,7 +1,9 @@
 """The launcher tells chv-browser that a run ended (chv_cell/doors.py), on real Unix sockets."""
+import errno
 import json
 import os
 import socket
+import subprocess
 import threading
 
 import pytest
@@ -138,3 +140,38 @@ def test_run_claimed_ends_the_browser_state_before_it_returns_even_when_setup_fa
 
     assert warm.WarmCell._run_claimed is runner.Launcher._run_claimed and "end_doors" not in vars(warm.WarmCell)
     assert os.path.basename(doors.__file__) == "doors.py"
+
+
+def test_run_claimed_stops_nspawn_and_ends_the_browser_state_when_pidfd_open_fails(policy, monkeypatch, sock_path):
+    """pidfd_open can fail (EMFILE) once nspawn runs: the finally block still stops nspawn, without a
+    pidfd to wait on, and reaches end_doors (stop() used to raise TypeError there, skipping both)."""
+    order = []
+    procs = []
+    launcher = runner.Launcher(dict(policy, browser_socket=sock_path))
+    slot = policy["slots"][0]
+    gate_r, gate_w = os.pipe()
+    os.close(gate_r)
+
+    def spawn(argv, cgroups):
+        procs.append(subprocess.Popen(["sleep", "60"]))
+        return procs[-1]
+
+    def pidfd_open(pid):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(launcher, "reap", lambda s, scope: None)
+    monkeypatch.setattr(launcher, "prepare", lambda s, shared_network: gate_w)
+    monkeypatch.setattr(runner, "ensure_inaccessible_nodes", lambda: None)
+    monkeypatch.setattr(launcher, "spawn", spawn)
+    monkeypatch.setattr(os, "pidfd_open", pidfd_open)
+    monkeypatch.setattr(launcher, "_wait_ifname_gone", lambda s: None)
+    monkeypatch.setattr(launcher, "_remove_runtime_files", lambda s: order.append("cleanup"))
+    monkeypatch.setattr(launcher, "end_doors", lambda s: order.append(("end", s["name"])))
+    try:
+        assert launcher._run_claimed(slot, "systemd", ["true"], False, 0.0) == runner.EXIT_SETUP
+        assert procs[0].poll() == -15  # SIGTERM'd and reaped, not left running
+        assert order == ["cleanup", ("end", slot["name"])]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -26,11 +26,13 @@ ask for:
   (the sudoers drop-in allows that with ``closefrom_override``).
 """
 
-import collections
+from __future__ import annotations
+
 import os
 import re
 import subprocess
 import sys
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 from . import policy as policymod
 
@@ -49,19 +51,25 @@ _FD_RE = re.compile(r"^[0-9]{1,4}$")
 STATUS_FD_MAX = 1023  # --status-fd: 3 .. 1023
 READ_PATH_MAX = 4096  # read PATH: at most PATH_MAX characters
 
+
 # status_fd: run's --status-fd (None without); path: read's PATH.
-AgentRequest = collections.namedtuple(
-    "AgentRequest", ["action", "slot", "timeout", "runtime_max", "shared_network", "verbose", "command",
-                     "status_fd", "path"],
-    defaults=(None, None),
-)
+class AgentRequest(NamedTuple):
+    action: str
+    slot: Optional[str]
+    timeout: Optional[float]
+    runtime_max: Optional[float]
+    shared_network: bool
+    verbose: bool
+    command: List[str]
+    status_fd: Optional[int] = None
+    path: Optional[str] = None
 
 
 class Refused(Exception):
     """The request is not one the agent entry point serves; ``str()`` says why."""
 
 
-def _seconds(option, value, lowest_exclusive):
+def _seconds(option: str, value: str, lowest_exclusive: bool) -> float:
     """A plain decimal number of seconds for ``option`` (no sign, exponent,
     inf or nan); at least 0, or above 0 when ``lowest_exclusive``."""
     if not _SECONDS_RE.match(value):
@@ -79,7 +87,7 @@ _VALUE_OPTIONS = ("--slot", "--timeout", "--runtime-max", "--status-fd")
 _FLAG_OPTIONS = {"-v": "verbose", "--verbose": "verbose", "--shared-network": "shared_network"}
 
 
-def _parse_read(rest):
+def _parse_read(rest: Sequence[str]) -> AgentRequest:
     """``read`` OPTIONS: exactly ``--slot NAME`` (or ``--slot=NAME``), then
     an optional ``--``, then one PATH (1 to 4096 characters; one that starts
     with '-' only after ``--``)."""
@@ -113,7 +121,7 @@ def _parse_read(rest):
     return AgentRequest("read", slot, None, None, False, False, [], None, path)
 
 
-def parse_agent_args(args):
+def parse_agent_args(args: Iterable[str]) -> AgentRequest:
     """Accept exactly ``["status"]``, ``["read", "--slot", NAME, ("--",)
     PATH]`` or ``["run", OPTIONS..., "--", CMD...]``.
 
@@ -146,7 +154,8 @@ def parse_agent_args(args):
     opts, command = rest[:sep], rest[sep + 1:]
     if not command or command[0] == "":
         raise Refused("run needs a command after '--'")
-    got = {}
+    got: Dict[str, Any] = {}  # by option: str (--slot), int (--status-fd), float (seconds) or bool (flags)
+    value: Union[str, float]  # the text given, then the option's value
     i = 0
     while i < len(opts):
         tok = opts[i]
@@ -185,14 +194,14 @@ def parse_agent_args(args):
                         bool(got.get("shared_network")), bool(got.get("verbose")), command, got.get("status_fd"))
 
 
-def render_agent_args(req):
+def render_agent_args(req: AgentRequest) -> List[str]:
     """The canonical argument list of ``req`` (what the wrapper passes to the
     agent); ``parse_agent_args(render_agent_args(r)) == r`` for every request
     that parse_agent_args returned (seconds to 1e-9 otherwise)."""
     if req.action == "status":
         return ["status"]
     if req.action == "read":
-        return ["read", "--slot", req.slot, "--", req.path]
+        return ["read", "--slot", cast(str, req.slot), "--", cast(str, req.path)]  # _parse_read sets both
     out = ["run"]
     if req.slot is not None:
         out += ["--slot", req.slot]
@@ -209,16 +218,18 @@ def render_agent_args(req):
     return out + ["--"] + list(req.command)
 
 
-def _fmt(seconds):
+def _fmt(seconds: float) -> str:
     """Seconds as a plain decimal with at most 9 fraction digits (what
     _seconds accepts); a value parsed from such a string reads back equal."""
     return ("%.9f" % seconds).rstrip("0").rstrip(".")
 
 
-Caller = collections.namedtuple("Caller", ["user", "uid"])
+class Caller(NamedTuple):
+    user: str
+    uid: int
 
 
-def caller_from_env(environ, euid):
+def caller_from_env(environ: Mapping[str, str], euid: int) -> Caller:
     """The user sudo ran the agent for.  Requires euid 0 and SUDO_UID (digits)
     and SUDO_USER (non-empty), which sudo sets itself (the sudoers drop-in
     resets the environment).  Raises Refused otherwise, including when root
@@ -235,7 +246,8 @@ def caller_from_env(environ, euid):
     return Caller(user, int(uid))
 
 
-def main(args=None, environ=None, euid=None):
+def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
+         euid: Optional[int] = None) -> int:
     """The ``chv-cell-agent`` entry point (root, through sudo).
 
     Order: the argument filter, then the caller check, then the policy at
@@ -276,7 +288,7 @@ def main(args=None, environ=None, euid=None):
 
 
 # ---------------------------------------------------------------- the wrapper side
-def split_top(args):
+def split_top(args: Sequence[str]) -> Optional[Tuple[bool, bool, str, Sequence[str]]]:
     """Split ``chv-cell`` arguments at the subcommand.
 
     Returns (verbose, policy_given, action, rest) when everything before the
@@ -302,13 +314,13 @@ def split_top(args):
     return None
 
 
-def agent_path():
+def agent_path() -> str:
     """``chv-cell-agent`` in the directory that holds this package, which is
     the directory of the running ``chv-cell`` (/usr/lib/chv-fleet)."""
     return os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), AGENT_NAME)
 
 
-def sudo_argv(agent, agent_args, sudo=SUDO, status_fd=None):
+def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd: Optional[int] = None) -> List[str]:
     """The command a non-root ``chv-cell`` execs: ``sudo -n AGENT ARGS``;
     with ``status_fd``, ``sudo -n -C STATUS_FD+1 AGENT ARGS``: sudo then
     closes only the fds above it (the sudoers option closefrom_override
@@ -317,7 +329,9 @@ def sudo_argv(agent, agent_args, sudo=SUDO, status_fd=None):
     return [sudo, "-n"] + keep + [agent] + list(agent_args)
 
 
-def delegate(verbose, policy_given, action, rest, sudo=SUDO, agent=None, policy_path=None, execv=os.execv):
+def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str], sudo: str = SUDO,
+             agent: Optional[str] = None, policy_path: Optional[str] = None,
+             execv: Callable[[str, List[str]], object] = os.execv) -> int:
     """Non-root ``chv-cell [-v] run|status|read ...``: refuse what the agent
     would refuse (exit 78, one message, nothing started), then exec sudo.
 
@@ -368,7 +382,7 @@ def delegate(verbose, policy_given, action, rest, sudo=SUDO, agent=None, policy_
     return EXIT_REFUSED  # only reached with a test's execv
 
 
-def sudo_problem(sudo, agent):
+def sudo_problem(sudo: str, agent: str) -> Optional[str]:
     """None when ``sudo -n -l AGENT`` says this user may run AGENT without a
     password; otherwise what went wrong (sudo missing, or its answer)."""
     if not os.access(sudo, os.X_OK):
@@ -384,7 +398,7 @@ def sudo_problem(sudo, agent):
     return None
 
 
-def _user_name():
+def _user_name() -> str:
     """This process's user name (the uid as text when it has none)."""
     import pwd  # noqa: PLC0415
 

@@ -7,10 +7,15 @@ and passes the result in as ``HostFacts``.  ``chv-cell argv`` prints exactly
 what ``chv-cell run`` executes.
 """
 
-import collections
+from __future__ import annotations
+
 import os.path
+from typing import TYPE_CHECKING, Container, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from .policy import is_under
+
+if TYPE_CHECKING:
+    from .policy import Policy, Slot
 
 # Inside the cell, the start gate FIFO is bound read-only here (the cell's
 # own /run is a private tmpfs, so nothing of the host's /run is visible).
@@ -33,19 +38,15 @@ GATE_SCRIPT = (
 # launcher so that --inaccessible= can hide paths inside it).
 HOST_TREES = ("/usr", "/etc")
 
-HostFacts = collections.namedtuple(
-    "HostFacts",
-    [
-        "scope",  # "systemd" (nspawn allocates a scope) or "standalone" (--keep-unit)
-        "existing",  # frozenset of host paths (from probe_paths) that exist
-        "shared_network",  # True only with the explicit --shared-network flag
-        "run_id",  # unique per run (systemd scope: the transient unit's name suffix)
-    ],
-)
-HostFacts.__new__.__defaults__ = ("0",)
+
+class HostFacts(NamedTuple):
+    scope: str  # "systemd" (nspawn allocates a scope) or "standalone" (--keep-unit)
+    existing: FrozenSet[str]  # host paths (from probe_paths) that exist
+    shared_network: bool  # True only with the explicit --shared-network flag
+    run_id: str = "0"  # unique per run (systemd scope: the transient unit's name suffix)
 
 
-def cell_paths(policy, slot):
+def cell_paths(policy: Policy, slot: Slot) -> Dict[str, str]:
     """Host-side paths belonging to one slot."""
     name = slot["name"]
     state = policy["state_dir"]
@@ -63,16 +64,16 @@ def cell_paths(policy, slot):
     }
 
 
-def scope_unit(slot, run_id):
+def scope_unit(slot: Slot, run_id: str) -> str:
     """Name of the transient scope of one run (systemd-run adds ".scope")."""
     return "chv-cell-%s-%s" % (slot["name"], run_id)
 
 
-def _subst(path, slot):
+def _subst(path: str, slot: Slot) -> str:
     return path.replace("{slot}", slot["name"])
 
 
-def bind_table(policy, slot):
+def bind_table(policy: Policy, slot: Slot) -> List[Tuple[str, str, str, bool]]:
     """All binds of the cell as (flag, source, target, optional), in order.
 
     nspawn mounts them in this order, so a parent comes before what is
@@ -97,7 +98,7 @@ def bind_table(policy, slot):
     return table
 
 
-def alias_mountpoints(policy):
+def alias_mountpoints(policy: Policy) -> List[List[str]]:
     """Workspace aliases inside the agent_state_mount, as path components
     relative to it (["workspace"] for /home/chv/workspace under /home/chv).
     Their mount points live in the slot's agent state dir on the host; the
@@ -110,7 +111,7 @@ def alias_mountpoints(policy):
     return out
 
 
-def probe_paths(policy, slot):
+def probe_paths(policy: Policy, slot: Slot) -> Set[str]:
     """Host paths whose existence build_argv needs to know."""
     out = set()
     for _flag, src, _tgt, optional in bind_table(policy, slot):
@@ -123,7 +124,8 @@ def probe_paths(policy, slot):
     return out
 
 
-def host_path_of(cell_path, policy, slot, existing=None):
+def host_path_of(cell_path: str, policy: Policy, slot: Slot,
+                 existing: Optional[Container[str]] = None) -> Optional[str]:
     """Which host path a cell path shows, or None if the cell cannot see it.
 
     The deepest bind whose target contains the path wins; /usr and /etc
@@ -143,7 +145,7 @@ def host_path_of(cell_path, policy, slot, existing=None):
     return src + cell_path[len(tgt):]
 
 
-def cell_environment(policy, slot):
+def cell_environment(policy: Policy, slot: Slot) -> Dict[str, str]:
     """The variables every cell gets, which the policy's setenv cannot change:
     CHV_CELL=1, CHV_SLOT, and the agent's HOME (agent_home), USER and LOGNAME
     (agent_user)."""
@@ -156,7 +158,7 @@ def cell_environment(policy, slot):
     }
 
 
-def build_argv(policy, slot, command, facts):
+def build_argv(policy: Policy, slot: Slot, command: Sequence[str], facts: HostFacts) -> List[str]:
     """The complete systemd-nspawn argv for running ``command`` in ``slot``."""
     if not command:
         raise ValueError("no command given")
@@ -235,7 +237,7 @@ def build_argv(policy, slot, command, facts):
     return argv
 
 
-def nspawn_environment(policy):
+def nspawn_environment(policy: Policy) -> Dict[str, str]:
     """The environment nspawn runs with: nothing from the caller leaks in."""
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     env.update({k: str(v) for k, v in policy["nspawn_environment"].items()})

@@ -12,10 +12,13 @@ it).  Two rules close it:
     locked (fstat vs stat) and starts over otherwise.
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import os
 import time
+from typing import Callable, Optional, Sequence, Tuple
 
 
 class SlotBusy(Exception):
@@ -25,11 +28,11 @@ class SlotBusy(Exception):
 class Claim:
     """A held slot lock."""
 
-    def __init__(self, path, fd):
+    def __init__(self, path: str, fd: int) -> None:
         self.path = path
-        self.fd = fd
+        self.fd: Optional[int] = fd
 
-    def release(self):
+    def release(self) -> None:
         """Unlink (while still holding the lock) and close."""
         if self.fd is None:
             return
@@ -46,7 +49,7 @@ class Claim:
             self.fd = None
 
 
-def try_claim(path):
+def try_claim(path: str) -> Claim:
     """Return a Claim, or raise SlotBusy when another launcher holds it."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     while True:
@@ -72,7 +75,9 @@ def try_claim(path):
         return Claim(path, fd)
 
 
-def claim_any(lock_paths, timeout, poll=0.05, sleep=time.sleep, clock=time.monotonic):
+def claim_any(lock_paths: Sequence[Tuple[str, str]], timeout: float, poll: float = 0.05,
+              sleep: Callable[[float], object] = time.sleep,
+              clock: Callable[[], float] = time.monotonic) -> Tuple[str, Claim]:
     """Claim the first free lock among ``lock_paths`` (a list of (key, path)).
 
     Retries until ``timeout`` seconds have passed; returns (key, Claim) or

@@ -6,20 +6,28 @@ root-only ``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
 world-readable policy and run as that user; ``health`` and ``audit`` are
 root's only (``audit --list`` prints the catalog for anyone)."""
 
+from __future__ import annotations
+
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, List, Optional, Sequence, Union, cast
 
 from . import agent as agentmod
 from . import policy as policymod
 from . import runner
+
+if TYPE_CHECKING:
+    import argparse
+
+    from . import darwin
 
 # The rest is imported where it is used: a plain `chv-cell run -- CMD`
 # (fast_run) needs neither argparse nor the audit's modules, which are most
 # of the launcher's start-up (docs/performance.md).
 
 
-def _command(ns, parser):
+def _command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> List[str]:
     cmd = list(ns.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -28,9 +36,9 @@ def _command(ns, parser):
     return cmd
 
 
-def _pick_slot(pol, name):
+def _pick_slot(pol: policymod.Policy, name: Optional[str]) -> policymod.Slot:
     if name is None:
-        return pol["slots"][0]
+        return cast("policymod.Slot", pol["slots"][0])
     try:
         return policymod.slot_by_name(pol, name)
     except KeyError:
@@ -39,7 +47,7 @@ def _pick_slot(pol, name):
         )
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     import argparse  # noqa: PLC0415 (see the imports above)
 
     from . import audit as auditmod  # noqa: PLC0415
@@ -167,7 +175,7 @@ def build_parser():
     return ap
 
 
-def print_status(pol):
+def print_status(pol: policymod.Policy) -> int:
     """``chv-cell status``: one line per slot (identity and live record); 0."""
     for s in pol["slots"]:
         try:
@@ -190,7 +198,7 @@ def print_status(pol):
     return 0
 
 
-def _targets_ok(ns):
+def _targets_ok(ns: argparse.Namespace) -> bool:
     """--allow and --deny of health and audit: HOST:PORT each, or logged."""
     from . import health as healthmod  # noqa: PLC0415
 
@@ -203,7 +211,7 @@ def _targets_ok(ns):
     return True
 
 
-def health(ns):
+def health(ns: argparse.Namespace) -> int:
     """``chv-cell health``: the checks on this guest, one line each (or JSON); 0 healthy."""
     from . import health as healthmod  # noqa: PLC0415
 
@@ -221,7 +229,7 @@ def health(ns):
     return 0 if healthy else healthmod.EXIT_UNHEALTHY
 
 
-def audit(ns):
+def audit(ns: argparse.Namespace) -> int:
     """``chv-cell audit``: the catalog on this guest; the report on stdout
     (and in --report-dir); 0 passed, 1 a case failed, 2 a control failed."""
     from . import audit as auditmod  # noqa: PLC0415
@@ -266,10 +274,10 @@ def audit(ns):
             auditmod.write_reports(rep, ns.report_dir)
     sys.stdout.write(json.dumps(rep, indent=2, sort_keys=True) + "\n" if ns.json else text)
     sys.stdout.flush()
-    return rep["exit"]
+    return int(rep["exit"])
 
 
-def fast_run(verbose, rest):
+def fast_run(verbose: bool, rest: Sequence[str]) -> Optional[int]:
     """Root's ``chv-cell [-v] run OPTIONS -- CMD`` with the installed policy,
     in the form the agent accepts (agent.parse_agent_args), without
     argparse: the exit code.  None for any other form (argparse then parses
@@ -282,7 +290,7 @@ def fast_run(verbose, rest):
     return refuse_with_status(req.status_fd) if pol is None else run_request(pol, req)
 
 
-def load_policy(path):
+def load_policy(path: str) -> Optional[policymod.Policy]:
     """The policy at ``path``, or None after logging each of its errors."""
     try:
         return policymod.load(path)
@@ -292,7 +300,8 @@ def load_policy(path):
         return None
 
 
-def launcher_for(pol, verbose=False, caller=None):
+def launcher_for(pol: policymod.Policy, verbose: bool = False,
+                 caller: Optional[str] = None) -> Union[runner.Launcher, darwin.Launcher]:
     """The launcher of the policy's platform: nspawn cells (runner) or, for
     a darwin policy, a slot user under sandbox-exec (darwin)."""
     if pol["platform"] == "darwin":
@@ -302,7 +311,7 @@ def launcher_for(pol, verbose=False, caller=None):
     return runner.Launcher(pol, verbose=verbose, caller=caller)
 
 
-def refuse_with_status(status_fd):
+def refuse_with_status(status_fd: Optional[int]) -> int:
     """A run refused before its launcher exists (policy unusable, a request
     the policy forbids): the config verdict on ``status_fd`` (when given and
     usable); EXIT_CONFIG."""
@@ -311,7 +320,9 @@ def refuse_with_status(status_fd):
     return runner.EXIT_CONFIG
 
 
-def start_run(pol, command, slot, timeout, shared_network, runtime_max, status_fd, verbose=False, caller=None):
+def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
+              shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool = False,
+              caller: Optional[str] = None) -> int:
     """A run with the launcher of the policy's platform; its exit code.
     ``status_fd`` (None: none) must be open for writing; the launcher writes
     its verdict there (runner.write_status).  macOS cells do not report
@@ -325,33 +336,35 @@ def start_run(pol, command, slot, timeout, shared_network, runtime_max, status_f
             runner.log("--status-fd is not supported for %s cells yet" % pol["platform"])
             return refuse_with_status(status_fd)
     launcher = launcher_for(pol, verbose=verbose, caller=caller)
-    launcher.status_fd = status_fd
+    if isinstance(launcher, runner.Launcher):  # a darwin launcher has no verdict channel (refused above)
+        launcher.status_fd = status_fd
     return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
                         runtime_max=runtime_max)
 
 
-def run_request(pol, req, caller=None):
+def run_request(pol: policymod.Policy, req: agentmod.AgentRequest, caller: Optional[str] = None) -> int:
     """Run an agent.AgentRequest of action run; its exit code."""
     return start_run(pol, req.command, req.slot, req.timeout, req.shared_network, req.runtime_max, req.status_fd,
                      verbose=req.verbose, caller=caller)
 
 
-def read_request(pol, req):
+def read_request(pol: policymod.Policy, req: agentmod.AgentRequest) -> int:
     """``chv-cell read`` (an agent.AgentRequest of action read): the slot's
     file on stdout (chv_cell/slotfiles.py); its exit code."""
     from . import slotfiles  # noqa: PLC0415
 
     sys.stdout.flush()
-    return slotfiles.read_file(pol, req.slot, req.path, out_fd=1, log=runner.log)
+    # a read request names both (agent._parse_read, main)
+    return slotfiles.read_file(pol, cast(str, req.slot), cast(str, req.path), out_fd=1, log=runner.log)
 
 
-def _asks_for_help(rest):
+def _asks_for_help(rest: Sequence[str]) -> bool:
     """-h/--help among the options before '--'."""
     opts = rest[:rest.index("--")] if "--" in rest else rest
     return "-h" in opts or "--help" in opts
 
 
-def main(args=None, euid=None):
+def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> int:
     """Run the command line ``args`` (default sys.argv[1:]); return the exit
     code.  A non-root caller's run/status goes to agent.delegate (which execs
     sudo); any other form of run/status from a non-root caller is refused
@@ -385,12 +398,12 @@ def main(args=None, euid=None):
     if ns.action == "validate-policy":
         path = ns.path or ns.policy
         try:
-            pol = policymod.load(path)
+            valid = policymod.load(path)
         except policymod.PolicyError as exc:
             for e in exc.errors:
                 sys.stderr.write("%s: %s\n" % (path, e))
             return runner.EXIT_CONFIG
-        print("%s: valid, %d slot(s)" % (path, len(pol["slots"])))
+        print("%s: valid, %d slot(s)" % (path, len(valid["slots"])))
         return 0
 
     pol = load_policy(ns.policy)
@@ -400,7 +413,7 @@ def main(args=None, euid=None):
     if ns.action == "argv":
         import shlex  # noqa: PLC0415
 
-        argvmod = runner.argvmod
+        from . import argv as argvmod  # noqa: PLC0415 (runner has imported it)
         cmd = _command(ns, ap)
         if ns.shared_network and not pol["allow_shared_network"]:
             runner.log(runner.SHARED_NETWORK_REFUSAL)

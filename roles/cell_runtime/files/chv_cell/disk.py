@@ -22,8 +22,14 @@ Pure parts: ``parse_size``, ``parse_mountinfo`` and
 /proc/self/mountinfo and statvfs.
 """
 
+from __future__ import annotations
+
 import os
 import re
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Sequence, Set, Type, TypedDict
+
+if TYPE_CHECKING:
+    from .policy import Policy, Slot  # policy imports this module
 
 # Sizes as the role variable takes them: a whole number of KiB, MiB, GiB or
 # TiB (base 1024, the unit letter required; what fallocate -l, truncate -s
@@ -44,7 +50,19 @@ class DiskError(Exception):
     """The slot's disk quota is not in force; the message says what is missing."""
 
 
-def parse_size(text):
+if TYPE_CHECKING:  # a TypedDict compiles its annotations at import (about 1 ms): for the checker only
+    class Mount(TypedDict):
+        """One line of a mountinfo text (parse_mountinfo)."""
+
+        dev: str
+        root: str
+        mountpoint: str
+        options: Set[str]
+        fstype: str
+        source: str
+
+
+def parse_size(text: object) -> int:
     """Bytes of a size string such as ``2G`` or ``64M``; ValueError (naming
     the role variable) for anything else or a size out of range."""
     m = _SIZE_RE.match(text) if isinstance(text, str) else None
@@ -58,16 +76,16 @@ def parse_size(text):
     return n
 
 
-def _unescape(field):
+def _unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as \\ooo."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def parse_mountinfo(text):
+def parse_mountinfo(text: str) -> List[Mount]:
     """The mounts of a /proc/PID/mountinfo text, in order: dicts with
     ``dev`` ("major:minor"), ``root``, ``mountpoint``, ``options`` (the
     per-mount ones, a set), ``fstype`` and ``source``."""
-    out = []
+    out: List[Mount] = []
     for line in text.splitlines():
         if " - " not in line:
             continue
@@ -86,11 +104,11 @@ def parse_mountinfo(text):
     return out
 
 
-def _is_under(path, top):
+def _is_under(path: str, top: str) -> bool:
     return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def mount_of(mounts, path):
+def mount_of(mounts: Iterable[Mount], path: str) -> Optional[Mount]:
     """The mount that holds ``path`` (the last one mounted at the longest
     mount point above or at it)."""
     best = None
@@ -100,7 +118,8 @@ def mount_of(mounts, path):
     return best
 
 
-def mount_problems(mounts, paths, other_paths, fs_size=None, disk_max=None):
+def mount_problems(mounts: Sequence[Mount], paths: Mapping[str, str], other_paths: Iterable[str],
+                   fs_size: Optional[int] = None, disk_max: Optional[int] = None) -> List[str]:
     """What keeps a slot's disk quota from being in force.
 
     ``paths``: {"workspace": path, "home": path} of the slot (resolved);
@@ -141,12 +160,13 @@ def mount_problems(mounts, paths, other_paths, fs_size=None, disk_max=None):
     return problems
 
 
-def _fs_size(path):
+def _fs_size(path: str) -> int:
     st = os.statvfs(path)
     return st.f_blocks * st.f_frsize
 
 
-def check_slot(policy, slot, paths, error=DiskError, mountinfo=MOUNTINFO):
+def check_slot(policy: Policy, slot: Slot, paths: Mapping[str, str],
+               error: Type[Exception] = DiskError, mountinfo: str = MOUNTINFO) -> None:
     """Raise ``error`` unless the slot's disk quota is in force (policy
     ``disk_max`` set); nothing to check when it is null.  ``paths``: the
     slot's argv.cell_paths()."""

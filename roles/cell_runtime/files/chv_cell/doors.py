@@ -22,9 +22,12 @@ Outcomes (end_browser_slot):
     cell binding) and queued requests of the ended run are refused.
 """
 
+from __future__ import annotations
+
 import json
 import socket
 import time
+from typing import Any, Callable, Dict, Tuple
 
 END_TIMEOUT = 12.0  # chv-browser's own bound on closing a context is 10 s (CLOSE_TIMEOUT)
 REPLY_MAX = 65536
@@ -34,7 +37,7 @@ class DoorError(Exception):
     pass
 
 
-def _call(path, request, timeout):
+def _call(path: str, request: Dict[str, str], timeout: float) -> Dict[str, Any]:
     """One request line, one reply line (a dict)."""
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
@@ -62,7 +65,8 @@ def _call(path, request, timeout):
     return reply
 
 
-def end_browser_slot(path, slot, timeout=END_TIMEOUT, sleep=time.sleep, call=_call):
+def end_browser_slot(path: str, slot: str, timeout: float = END_TIMEOUT, sleep: Callable[[float], object] = time.sleep,
+                     call: Callable[[str, Dict[str, str], float], Dict[str, Any]] = _call) -> Tuple[str, str]:
     """Tell chv-browser at ``path`` that the run of ``slot`` ended.
 
     Returns (outcome, detail): outcome "ended", "no-browser" or "failed"

@@ -32,10 +32,16 @@ even under ``python3 -IS`` (the launcher's interpreter flags), where
 dist-packages is not on sys.path.
 """
 
+from __future__ import annotations
+
 import errno
 import importlib.machinery
 import importlib.util
 import sys
+from typing import TYPE_CHECKING, Iterable, List, Optional, Protocol, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 # Linux's address families (include/linux/socket.h), by name.
 FAMILIES = {
@@ -67,7 +73,17 @@ class FilterUnavailable(Exception):
     """The filter cannot be built here (binding missing or refused)."""
 
 
-def validate(value):
+class SocketFilter(Protocol):
+    """What build() and the launcher use of a libseccomp SyscallFilter (the binding has no type hints)."""
+
+    def set_attr(self, attr: object, value: int) -> None: ...
+
+    def add_rule_exactly(self, action: object, syscall: str, *args: object) -> None: ...
+
+    def load(self) -> None: ...
+
+
+def validate(value: object) -> List[str]:
     """Errors of a policy ``socket_families`` value (empty list: valid)."""
     if value == ANY:
         return []
@@ -84,14 +100,14 @@ def validate(value):
     return errors
 
 
-def numbers(value):
+def numbers(value: Union[str, Iterable[str]]) -> Optional[List[int]]:
     """The sorted family numbers a policy value allows (None: any)."""
     if value == ANY:
         return None
     return sorted({FAMILIES[v] for v in value})
 
 
-def plan(allowed):
+def plan(allowed: Iterable[int]) -> List[Tuple[str, int]]:
     """The deny rules for family numbers ``allowed`` (non-empty): a list of
     (op, value) comparisons on argument 0, each one denying on its own,
     applied to every syscall in SYSCALLS.  ``op`` is "lt", "gt" or "eq"."""
@@ -105,7 +121,7 @@ def plan(allowed):
     return rules
 
 
-def denies(rules, family):
+def denies(rules: Iterable[Tuple[str, int]], family: int) -> bool:
     """Whether ``rules`` (plan) deny the 64-bit argument value ``family``."""
     family &= (1 << 64) - 1
     for op, value in rules:
@@ -114,7 +130,7 @@ def denies(rules, family):
     return False
 
 
-def load_seccomp(dirs=None):
+def load_seccomp(dirs: Optional[Sequence[str]] = None) -> ModuleType:
     """The libseccomp binding module: the one already imported or on
     sys.path, else the one in ``dirs`` (default SECCOMP_DIRS, Debian's
     dist-packages), found there by name only: nothing else of that
@@ -141,7 +157,7 @@ def load_seccomp(dirs=None):
 _OPS = {"lt": "LT", "gt": "GT", "eq": "EQ"}
 
 
-def build(allowed, seccomp=None):
+def build(allowed: Iterable[int], seccomp: Optional[ModuleType] = None) -> SocketFilter:
     """A libseccomp SyscallFilter (not loaded yet) that denies socket() and
     socketpair() of every family outside ``allowed`` (numbers) with
     EAFNOSUPPORT, allows everything else, and kills the process on a system
@@ -149,7 +165,7 @@ def build(allowed, seccomp=None):
     root; the cell's payload gets no_new_privs from nspawn)."""
     sc = seccomp or load_seccomp()
     try:
-        f = sc.SyscallFilter(defaction=sc.ALLOW)
+        f: SocketFilter = sc.SyscallFilter(defaction=sc.ALLOW)
         f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
         f.set_attr(sc.Attr.CTL_NNP, 0)
         deny = sc.ERRNO(DENY_ERRNO)
@@ -161,21 +177,21 @@ def build(allowed, seccomp=None):
     return f
 
 
-def describe(value):
+def describe(value: Union[str, Iterable[str]]) -> str:
     """One line for logs: what the filter allows."""
     if value == ANY:
         return "any socket family (no filter)"
-    return "socket families " + ", ".join(sorted(set(value), key=FAMILIES.get))
+    return "socket families " + ", ".join(sorted(set(value), key=FAMILIES.__getitem__))
 
 
-def filter_for(value, seccomp=None):
+def filter_for(value: Union[str, Iterable[str]], seccomp: Optional[ModuleType] = None) -> Optional[SocketFilter]:
     """The filter for a policy's ``socket_families`` (None for "any");
     raises FilterUnavailable."""
     allowed = numbers(value)
     return None if allowed is None else build(allowed, seccomp)
 
 
-def refusal(cause):
+def refusal(cause: object) -> str:
     """The launcher's message when the filter cannot be put in force."""
     return ("cannot restrict the cell's socket families: %s; refusing to start the cell (policy socket_families, "
             "role variable chv_cell_socket_families; %r runs cells without the filter)" % (cause, ANY))

@@ -12,8 +12,10 @@ Pure: ``convert`` maps one property to (controller, file, value) and
 ``matches`` compares what a cgroup file reads with what was asked.
 """
 
-import collections
+from __future__ import annotations
+
 import re
+from typing import Container, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 # Property -> (controller, cgroup v2 file, kind of value).
 MAPPING = {
@@ -39,14 +41,21 @@ _SIZE_FACTORS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, 
 _PERCENT_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)%$")
 _INT_RE = re.compile(r"^[0-9]+$")
 
-Limit = collections.namedtuple("Limit", ["prop", "controller", "file", "value"])
+
+class Limit(NamedTuple):
+    """One property as the cgroup v2 ``file`` of ``controller`` holding ``value``."""
+
+    prop: str
+    controller: str
+    file: str
+    value: str
 
 
 class LimitError(ValueError):
     """A property the launcher cannot map to a cgroup file."""
 
 
-def _size(text):
+def _size(text: str) -> Optional[int]:
     m = _SIZE_RE.match(text)
     if not m:
         return None
@@ -58,12 +67,12 @@ def _size(text):
     return n
 
 
-def _percent(text):
+def _percent(text: str) -> Optional[float]:
     m = _PERCENT_RE.match(text)
     return float(m.group(1)) if m else None
 
 
-def convert(prop, value, mem_total=None, tasks_total=None):
+def convert(prop: str, value: object, mem_total: Optional[int] = None, tasks_total: Optional[int] = None) -> Limit:
     """The Limit for one unit property; raises LimitError when it cannot be
     mapped.  ``mem_total`` (bytes of RAM) and ``tasks_total`` (the system's
     task limit) are needed only for percentages, as systemd defines them."""
@@ -75,7 +84,7 @@ def convert(prop, value, mem_total=None, tasks_total=None):
     controller, fname, kind = MAPPING[prop]
     text = str(value).strip()
 
-    def bad(what):
+    def bad(what: str) -> LimitError:
         return LimitError("%s=%s: %s" % (prop, value, what))
 
     if isinstance(value, bool):
@@ -83,7 +92,7 @@ def convert(prop, value, mem_total=None, tasks_total=None):
     if kind in ("bytes", "tasks") and text == "infinity":
         return Limit(prop, controller, fname, "max")
 
-    def share(total, of_what):
+    def share(total: Optional[int], of_what: str) -> Optional[int]:
         """``text`` as a percentage of ``total`` (None when it is no percentage)."""
         pct = _percent(text)
         if pct is None:
@@ -123,7 +132,8 @@ def convert(prop, value, mem_total=None, tasks_total=None):
     return Limit(prop, controller, fname, str(int(text)))
 
 
-def plan(properties, mem_total=None, tasks_total=None):
+def plan(properties: Mapping[str, object], mem_total: Optional[int] = None,
+         tasks_total: Optional[int] = None) -> Tuple[List[Limit], List[str]]:
     """(limits, errors): every property converted, or the reason it cannot be."""
     limits, errors = [], []
     for prop, value in sorted(properties.items()):
@@ -134,7 +144,7 @@ def plan(properties, mem_total=None, tasks_total=None):
     return limits, errors
 
 
-def matches(limit, text, page_size=4096):
+def matches(limit: Limit, text: str, page_size: int = 4096) -> bool:
     """Does ``text`` (what the cgroup file reads) enforce ``limit``?
 
     Memory files are kept in pages (the kernel rounds down); cpu.max is
@@ -159,7 +169,8 @@ def matches(limit, text, page_size=4096):
     return got == want
 
 
-def unavailable(limits, enabled_controllers, present_files):
+def unavailable(limits: Iterable[Limit], enabled_controllers: Container[str],
+                present_files: Container[str]) -> List[Tuple[Limit, str]]:
     """Limits that cannot be enforced in a cgroup whose parent enables
     ``enabled_controllers`` and which has the files ``present_files``:
     a list of (limit, reason)."""
@@ -172,7 +183,7 @@ def unavailable(limits, enabled_controllers, present_files):
     return out
 
 
-def scope_dir(cgroup_path, unit):
+def scope_dir(cgroup_path: str, unit: str) -> Optional[str]:
     """The ancestor of ``cgroup_path`` (a cgroup2 path as /proc/PID/cgroup
     shows it) named ``unit``, or None."""
     parts = [p for p in cgroup_path.split("/") if p]
@@ -183,6 +194,6 @@ def scope_dir(cgroup_path, unit):
     return None
 
 
-def describe(items):
+def describe(items: Iterable[Tuple[Limit, str]]) -> str:
     """One human-readable list of (Limit, reason) pairs."""
     return "; ".join("%s (%s): %s" % (lim.prop, lim.file, reason) for lim, reason in items)

@@ -12,7 +12,10 @@ returns what is missing, as human-readable items; an empty list means the
 slot is covered.  Pure: the runner runs nft and passes the text in.
 """
 
+from __future__ import annotations
+
 import json
+from typing import Any, Dict, List, Optional, Tuple
 
 FAMILY = "inet"
 TABLE = "chv_cell"
@@ -21,7 +24,7 @@ IFNAME_SET = "cell_ifs"
 SERVICE = "chv-cell-nat.service"
 
 
-def list_command(nft):
+def list_command(nft: str) -> List[str]:
     """The command whose output ``missing`` interprets."""
     return [nft, "-j", "list", "table", FAMILY, TABLE]
 
@@ -30,7 +33,7 @@ class RulesetError(Exception):
     """nft's output cannot be interpreted."""
 
 
-def _objects(listing):
+def _objects(listing: str) -> List[Tuple[str, Dict[str, Any]]]:
     try:
         doc = json.loads(listing)
     except ValueError as exc:
@@ -46,11 +49,11 @@ def _objects(listing):
     return out
 
 
-def _ours(body):
+def _ours(body: Dict[str, Any]) -> bool:
     return body.get("family") == FAMILY and body.get("table", TABLE) == TABLE
 
 
-def set_elements(body):
+def set_elements(body: Dict[str, Any]) -> List[Any]:
     """The plain values of a set's elements.  ``nft -j`` writes an element as
     a bare value, or as {"elem": {"val": value, ...}} when it carries a
     counter, timeout or comment."""
@@ -65,7 +68,7 @@ def set_elements(body):
     return out
 
 
-def missing(listing, host_ifname):
+def missing(listing: Optional[str], host_ifname: str) -> List[str]:
     """What the slot ``host_ifname`` needs and the listing lacks.
 
     ``listing`` is nft's JSON text, or None when nft said the table does not
@@ -90,7 +93,7 @@ def missing(listing, host_ifname):
     return out
 
 
-def refusal(items):
+def refusal(items: List[str]) -> str:
     """The one stderr line of a refused run."""
     if len(items) == 1 and items[0].startswith("nftables table "):
         what = items[0]

@@ -2,6 +2,8 @@
 network, relay the exit code, clean up.  Side effects live here; the argv
 and the resolver files come from the pure modules."""
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import json
@@ -13,6 +15,8 @@ import stat
 import subprocess
 import sys
 import time
+from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple,
+                    TypedDict, Union)
 
 from . import argv as argvmod
 from . import claim as claimmod
@@ -21,6 +25,9 @@ from . import limits as limitsmod
 from . import policy as policymod
 from . import resolver
 from . import ruleset as rulesetmod
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 EXIT_SETUP = 125  # the launcher could not start the cell (payload did not run)
 EXIT_BUSY = 75  # EX_TEMPFAIL: every candidate slot stayed busy until the timeout
@@ -55,13 +62,13 @@ class Interrupted(Exception):
     """A stop request: signal ``signum`` arrived, or (``reason`` set) the
     launcher's stdout or stderr peer went away, handled like SIGHUP."""
 
-    def __init__(self, signum, reason=None):
+    def __init__(self, signum: int, reason: Optional[str] = None) -> None:
         super().__init__(signum)
         self.signum = signum
         self.reason = reason
 
 
-def log(msg):
+def log(msg: str) -> None:
     """Write one ``chv-cell: msg`` line to fd 2, unbuffered.
 
     Errors are ignored: after a disconnect stderr may be a pipe or socket
@@ -93,7 +100,7 @@ def log(msg):
 HANGUP_EVENTS = select.POLLHUP | select.POLLERR
 
 
-def hangup_watch_fds(fds=(1, 2)):
+def hangup_watch_fds(fds: Iterable[int] = (1, 2)) -> List[int]:
     """The fds among ``fds`` (stdout, stderr) that are open and so can be
     watched for a disconnected peer."""
     out = []
@@ -106,7 +113,7 @@ def hangup_watch_fds(fds=(1, 2)):
     return out
 
 
-def hangup_reason(fd, events):
+def hangup_reason(fd: int, events: int) -> Optional[str]:
     """Why a poll() result of a watched fd means the peer went away (None if
     it does not).  POLLNVAL (fd not open) is not a hangup."""
     if not events & HANGUP_EVENTS:
@@ -116,23 +123,23 @@ def hangup_reason(fd, events):
     return "the peer of %s %s: the caller is gone" % (what, kind)
 
 
-def resolve_scope(policy):
+def resolve_scope(policy: policymod.Policy) -> str:
     """systemd: each cell runs in its own transient scope (systemd-run
     --scope, through the system bus; needs systemd as PID 1) that carries the
     policy's unit properties; standalone: the launcher gives each cell its own
     cgroup (no unit properties).  nspawn always keeps the unit it is in."""
     if policy["scope"] != "auto":
-        return policy["scope"]
+        return str(policy["scope"])
     if os.path.isdir("/run/systemd/system") and os.path.exists("/run/dbus/system_bus_socket"):
         return "systemd"
     return "standalone"
 
 
-def probe(paths):
+def probe(paths: Iterable[str]) -> FrozenSet[str]:
     return frozenset(p for p in paths if os.path.lexists(p))
 
 
-def read_record(policy, slot):
+def read_record(policy: policymod.Policy, slot: policymod.Slot) -> Optional[Dict[str, Any]]:
     """The slot's live record (write_record), or None when there is none."""
     try:
         with open(argvmod.cell_paths(policy, slot)["record"]) as fh:
@@ -142,19 +149,19 @@ def read_record(policy, slot):
     return rec if isinstance(rec, dict) else {}
 
 
-def warm_idle(rec):
+def warm_idle(rec: Optional[Dict[str, Any]]) -> bool:
     """A record of a warm cell that has no payload (yet): starting or waiting."""
     return bool(rec and rec.get("warm") and not rec.get("payload"))
 
 
-def warm_waiting(policy, slot, rec=None):
+def warm_waiting(policy: policymod.Policy, slot: policymod.Slot, rec: Optional[Dict[str, Any]] = None) -> bool:
     """The slot's warm cell is started and waits for a payload (``rec``: its
     record, when the caller has read it already)."""
     rec = read_record(policy, slot) if rec is None else rec
     return warm_idle(rec) and os.path.exists(argvmod.cell_paths(policy, slot)["warm_socket"])
 
 
-def payload_running(policy, slot):
+def payload_running(policy: policymod.Policy, slot: policymod.Slot) -> bool:
     """A payload runs in the slot, or a cold cell is starting for one (a
     record that is not an idle warm cell's)."""
     rec = read_record(policy, slot)
@@ -162,9 +169,9 @@ def payload_running(policy, slot):
 
 
 # ---------------------------------------------------------------- cgroups
-def _cgroup_mounts(mountinfo="/proc/self/mountinfo"):
+def _cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, Tuple[str, str]]:
     """{"": (root, mountpoint) of cgroup2, "name=systemd": (...) of the v1 one}."""
-    mounts = {}
+    mounts: Dict[str, Tuple[str, str]] = {}
     with open(mountinfo) as fh:
         for line in fh:
             left, right = line.split(" - ", 1)
@@ -177,7 +184,7 @@ def _cgroup_mounts(mountinfo="/proc/self/mountinfo"):
     return mounts
 
 
-def _cgroup_dirs_of(pid="self"):
+def _cgroup_dirs_of(pid: Union[int, str] = "self") -> Dict[str, str]:
     """{"": cgroup2 dir, "name=systemd": v1 dir} of a process, as host paths."""
     mounts = _cgroup_mounts()
     out = {}
@@ -192,28 +199,28 @@ def _cgroup_dirs_of(pid="self"):
     return out
 
 
-def _own_cgroup_dirs():
+def _own_cgroup_dirs() -> List[str]:
     """Directories of this process's cgroups that nspawn itself would use:
     the cgroup2 one and (on hybrid hosts) the name=systemd v1 one."""
     return list(_cgroup_dirs_of().values())
 
 
-def cgroup_dirs_for(slot_name):
+def cgroup_dirs_for(slot_name: str) -> List[str]:
     return [os.path.join(d, "chv-cell-" + slot_name) for d in _own_cgroup_dirs()]
 
 
-def cgroup2_dir_for(slot_name):
+def cgroup2_dir_for(slot_name: str) -> Optional[str]:
     """The cell's cgroup2 directory in standalone scope (None without cgroup2)."""
     d = _cgroup_dirs_of().get("")
     return os.path.join(d, "chv-cell-" + slot_name) if d else None
 
 
-def _read(path):
+def _read(path: str) -> str:
     with open(path) as fh:
         return fh.read()
 
 
-def scope_limit_problems(limits, d, page=None):
+def scope_limit_problems(limits: Iterable[limitsmod.Limit], d: str, page: Optional[int] = None) -> List[str]:
     """What of ``limits`` the cgroup directory ``d`` does not enforce."""
     page = page or os.sysconf("SC_PAGE_SIZE")
     problems = []
@@ -229,7 +236,7 @@ def scope_limit_problems(limits, d, page=None):
     return problems
 
 
-def _host_facts_for_limits():
+def _host_facts_for_limits() -> Tuple[Optional[int], Optional[int]]:
     """Memory size and the system's task limit (for percentages)."""
     mem_total = tasks = None
     try:
@@ -245,7 +252,7 @@ def _host_facts_for_limits():
     return mem_total, tasks
 
 
-def _cgroup_pids(top):
+def _cgroup_pids(top: str) -> List[int]:
     pids = []
     for dirpath, _dirs, files in os.walk(top):
         if "cgroup.procs" in files:
@@ -257,7 +264,7 @@ def _cgroup_pids(top):
     return pids
 
 
-def remove_cgroup_tree(top, kill=False, wait=2.0):
+def remove_cgroup_tree(top: str, kill: bool = False, wait: float = 2.0) -> None:
     if not os.path.isdir(top):
         return
     deadline = time.monotonic() + wait
@@ -286,7 +293,7 @@ def remove_cgroup_tree(top, kill=False, wait=2.0):
                 time.sleep(0.02)
 
 
-def ensure_inaccessible_nodes(base=INACCESSIBLE_DIR):
+def ensure_inaccessible_nodes(base: str = INACCESSIBLE_DIR) -> None:
     """nspawn's --inaccessible= over-mounts the path with the host's
     /run/systemd/inaccessible/<type> node.  systemd (PID 1) creates those at
     boot; on hosts where systemd is not PID 1 they are missing and the cell
@@ -296,7 +303,7 @@ def ensure_inaccessible_nodes(base=INACCESSIBLE_DIR):
     os.makedirs(base, mode=0o755, exist_ok=True)
     old = os.umask(0o777)
     try:
-        makers = (
+        makers: Tuple[Tuple[str, Callable[[str], None]], ...] = (
             ("reg", lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))),
             ("dir", lambda p: os.mkdir(p, 0)),
             ("fifo", lambda p: os.mkfifo(p, 0)),
@@ -328,7 +335,7 @@ def ensure_inaccessible_nodes(base=INACCESSIBLE_DIR):
 
 
 # ---------------------------------------------------------------- helpers
-def _write_atomic(path, data, mode):
+def _write_atomic(path: str, data: str, mode: int) -> None:
     tmp = "%s.tmp.%d" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
@@ -339,14 +346,14 @@ def _write_atomic(path, data, mode):
     os.rename(tmp, path)
 
 
-def _unlink(path):
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
 
 
-def _read_children(pid):
+def _read_children(pid: int) -> List[int]:
     try:
         with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
             return [int(x) for x in fh.read().split()]
@@ -354,14 +361,14 @@ def _read_children(pid):
         return []
 
 
-def _pidns(pid):
+def _pidns(pid: int) -> Optional[int]:
     try:
         return os.stat("/proc/%d/ns/pid" % pid).st_ino
     except OSError:
         return None
 
 
-def _uid_map_matches(pid, slot):
+def _uid_map_matches(pid: int, slot: policymod.Slot) -> bool:
     try:
         with open("/proc/%d/uid_map" % pid) as fh:
             first = fh.readline().split()
@@ -370,7 +377,7 @@ def _uid_map_matches(pid, slot):
     return first == ["0", str(slot["uid_base"]), str(slot["uid_size"])]
 
 
-def _netdev_names(pid):
+def _netdev_names(pid: int) -> Set[str]:
     try:
         with open("/proc/%d/net/dev" % pid) as fh:
             lines = fh.read().splitlines()[2:]
@@ -379,10 +386,11 @@ def _netdev_names(pid):
     return {ln.split(":", 1)[0].strip() for ln in lines if ":" in ln}
 
 
-def _start(cmd, data):
+def _start(cmd: Sequence[str], data: str) -> subprocess.Popen[bytes]:
     """Popen ``cmd`` with ``data`` written to its stdin (closed after), its
     stdout and stderr together in one pipe."""
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdin is not None  # stdin=PIPE
     try:
         proc.stdin.write(data.encode())
         proc.stdin.close()
@@ -392,14 +400,14 @@ def _start(cmd, data):
     return proc
 
 
-def _is_mountpoint(path):
+def _is_mountpoint(path: str) -> bool:
     try:
         return os.path.ismount(path)
     except OSError:
         return False
 
 
-def _ensure_dir(path, mode, uid=None):
+def _ensure_dir(path: str, mode: int, uid: Optional[int] = None) -> None:
     """Create path (and parents, root-only) if missing; never follow a symlink at the leaf."""
     try:
         st = os.lstat(path)
@@ -416,7 +424,7 @@ def _ensure_dir(path, mode, uid=None):
         raise SetupError("%s exists and is not a directory" % path)
 
 
-def _ensure_slot_dir(path, uid):
+def _ensure_slot_dir(path: str, uid: int) -> None:
     """A slot's workspace or agent state directory: created where missing,
     and always left owned by the slot's cell root, uid and gid ``uid`` (no
     group shared between slots or with the agent user), mode 0700.  One that
@@ -438,7 +446,7 @@ def _ensure_slot_dir(path, uid):
         os.close(fd)
 
 
-def _ensure_dir_beneath(base, parts, mode, uid):
+def _ensure_dir_beneath(base: str, parts: Iterable[str], mode: int, uid: int) -> None:
     """Create the directory base/parts[0]/parts[1]/... where missing, each new
     one owned by ``uid`` with ``mode``, never following a symlink: ``base``
     and every component are opened with O_NOFOLLOW|O_DIRECTORY relative to
@@ -473,7 +481,7 @@ def _ensure_dir_beneath(base, parts, mode, uid):
         os.close(fd)
 
 
-def _writable_proc_sys(libc, path="/proc/sys"):
+def _writable_proc_sys(libc: ctypes.CDLL, path: str = "/proc/sys") -> None:
     """In a forked child only: when ``path`` is a read-only mount, move to a
     private mount namespace and remount it read-write there (the flags
     nosuid/nodev/noexec are kept).  Nothing changes for other processes."""
@@ -500,7 +508,17 @@ def _writable_proc_sys(libc, path="/proc/sys"):
 VERDICTS = ("ran", "runtime", "signal", "setup", "busy", "config", "unknown")
 
 
-def status_record(rc, stage, slot=None, payload_started=False, payload_exit=None):
+if TYPE_CHECKING:  # a TypedDict compiles its annotations at import (about 1 ms): for the checker only
+    class StatusRecord(TypedDict):
+        verdict: str  # one of VERDICTS
+        exit: int
+        slot: Optional[str]
+        payload_started: bool
+        payload_exit: Optional[int]
+
+
+def status_record(rc: int, stage: Optional[str], slot: Optional[str] = None, payload_started: bool = False,
+                  payload_exit: Optional[int] = None) -> StatusRecord:
     """The verdict of a run that ended with ``rc`` (pure).
 
     ``stage``: how far the run got: "config" (refused before anything was
@@ -532,7 +550,7 @@ def status_record(rc, stage, slot=None, payload_started=False, payload_exit=None
             "payload_exit": payload_exit}
 
 
-def status_fd_problem(fd):
+def status_fd_problem(fd: object) -> Optional[str]:
     """None when ``fd`` can carry the verdict: a number above 2 (0-2 are the
     payload's streams) open for writing.  Otherwise what is wrong with it."""
     import fcntl  # noqa: PLC0415
@@ -549,7 +567,7 @@ def status_fd_problem(fd):
     return None
 
 
-def write_status(fd, record):
+def write_status(fd: int, record: StatusRecord) -> None:
     """Write ``record`` as one JSON line to ``fd`` and close it; a reader
     that went away is ignored (the exit code still reaches the caller)."""
     data = (json.dumps(record, sort_keys=True) + "\n").encode()
@@ -572,45 +590,49 @@ class Launcher:
     disconnected peer stops the run like SIGHUP (default: stdout and stderr,
     those that are open when the run starts)."""
 
-    def __init__(self, policy, verbose=False, caller=None, watch_fds=None):
+    _wake_r: Optional[int]
+    _wake_w: Optional[int]
+
+    def __init__(self, policy: policymod.Policy, verbose: bool = False, caller: Optional[str] = None,
+                 watch_fds: Optional[Iterable[int]] = None) -> None:
         self.policy = policy
         self.verbose = verbose
         self.caller = caller
         self._watch_arg = watch_fds
-        self._watch = []
-        self.stop_signal = None
-        self.stop_reason = None
+        self._watch: List[int] = []
+        self.stop_signal: Optional[int] = None
+        self.stop_reason: Optional[str] = None
         self._wake_r = self._wake_w = None
-        self._old_handlers = {}
-        self._old_wakeup = None
+        self._old_handlers: Dict[int, Union[Callable[[int, Optional[FrameType]], Any], int, None]] = {}
+        self._old_wakeup: Optional[int] = None
         self._libc = ctypes.CDLL(None, use_errno=True)
         self.exe = "systemd-nspawn"
         # A warm launcher (warm.WarmCell) sets these: nspawn's stdin, and
         # fds the run waits on besides nspawn (its caller's connection).
-        self.spawn_stdin = None
-        self.wait_fds = []
-        self.record_extra = {}
+        self.spawn_stdin: Optional[int] = None
+        self.wait_fds: List[int] = []
+        self.record_extra: Dict[str, Any] = {}
         # The verdict channel (write_status): the fd given with
         # --status-fd, and what the run learnt about its payload.
-        self.status_fd = None
-        self.stage = None
-        self.claimed_slot = None
+        self.status_fd: Optional[int] = None
+        self.stage: Optional[str] = None
+        self.claimed_slot: Optional[str] = None
         self.payload_started = False
-        self.payload_exit = None
+        self.payload_exit: Optional[int] = None
         # set by warm.handover when a warm cell took the payload and its
         # launcher reported how the payload ended (payload_exit in its reply)
         self.warm_reported = False
 
-    def debug(self, msg):
+    def debug(self, msg: str) -> None:
         if self.verbose:
             log(msg)
 
     # -- signals --------------------------------------------------------
-    def _on_signal(self, signum, _frame):
+    def _on_signal(self, signum: int, _frame: Optional[FrameType]) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
 
-    def install_signals(self):
+    def install_signals(self) -> None:
         # Before the wake-up pipe exists: a closed fd 1 or 2 must not be
         # taken for it.
         self._watch = hangup_watch_fds() if self._watch_arg is None else list(self._watch_arg)
@@ -619,23 +641,24 @@ class Launcher:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self._old_handlers[s] = signal.signal(s, self._on_signal)
 
-    def restore_signals(self):
+    def restore_signals(self) -> None:
         for s, h in self._old_handlers.items():
             signal.signal(s, h)
-        if self._wake_w is not None:
+        if self._wake_r is not None and self._wake_w is not None:  # set together, by install_signals
             signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
             os.close(self._wake_r)
             os.close(self._wake_w)
             self._wake_r = self._wake_w = None
 
-    def _drain_wakeup(self):
+    def _drain_wakeup(self) -> None:
+        assert self._wake_r is not None  # called from sleep(), after install_signals()
         try:
             while os.read(self._wake_r, 64):
                 pass
         except BlockingIOError:
             pass
 
-    def sleep(self, seconds, extra_fds=()):
+    def sleep(self, seconds: float, extra_fds: Sequence[int] = ()) -> List[int]:
         """Sleep up to ``seconds``; return the fds of ``extra_fds`` that are
         readable (or hung up).  Raise Interrupted on a stop signal, and also
         (as SIGHUP, with a reason) when a watched fd reports POLLHUP or
@@ -643,6 +666,7 @@ class Launcher:
         drops, but the session's pipes or sockets lose their peer."""
         if self.stop_signal is not None:
             raise Interrupted(self.stop_signal, self.stop_reason)
+        assert self._wake_r is not None  # install_signals() ran
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
         for fd in extra_fds:
@@ -668,7 +692,7 @@ class Launcher:
         return ready
 
     # -- stale state ----------------------------------------------------
-    def reap(self, slot, scope):
+    def reap(self, slot: policymod.Slot, scope: str) -> None:
         """Remove whatever a dead launcher left for this slot (we hold its lock)."""
         paths = argvmod.cell_paths(self.policy, slot)
         try:
@@ -690,7 +714,7 @@ class Launcher:
         self._wait_ifname_gone(slot)
         self._remove_runtime_files(slot)
 
-    def _wait_ifname_gone(self, slot, wait=3.0):
+    def _wait_ifname_gone(self, slot: policymod.Slot, wait: float = 3.0) -> None:
         """A cell's veth dies with its network namespace, a moment after the
         cell.  One that stays is not ours to delete: fail loudly instead."""
         ifname = slot["host_ifname"]
@@ -703,7 +727,7 @@ class Launcher:
                 )
             time.sleep(0.01)
 
-    def _remove_runtime_files(self, slot):
+    def _remove_runtime_files(self, slot: policymod.Slot) -> None:
         paths = argvmod.cell_paths(self.policy, slot)
         _unlink(paths["gate"])
         if os.path.isdir(paths["net_dir"]) and not os.path.islink(paths["net_dir"]):
@@ -713,7 +737,7 @@ class Launcher:
             shutil.rmtree(prop, ignore_errors=True)
 
     # -- setup ----------------------------------------------------------
-    def prepare(self, slot, shared_network):
+    def prepare(self, slot: policymod.Slot, shared_network: bool) -> int:
         p = self.policy
         paths = argvmod.cell_paths(p, slot)
         diskmod.check_slot(p, slot, paths, SetupError)  # policy disk_max: the slot's own file system, or refuse
@@ -737,7 +761,7 @@ class Launcher:
         # cell's reader blocks in read() until we write "go".
         return os.open(paths["gate"], os.O_RDWR | os.O_CLOEXEC)
 
-    def spawn(self, argv, cgroup_dirs):
+    def spawn(self, argv: Sequence[str], cgroup_dirs: Iterable[str]) -> subprocess.Popen[bytes]:
         from . import families as familiesmod  # noqa: PLC0415 (spawn's own concern)
 
         parent = os.getpid()
@@ -754,7 +778,7 @@ class Launcher:
         if family_filter is not None:
             self.debug("%s allowed in the cell" % familiesmod.describe(self.policy["socket_families"]))
 
-        def child_setup():
+        def child_setup() -> None:
             # nspawn gets SIGTERM if the launcher dies in any way; nspawn
             # then kills the cell and tears it down (veth included).
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -778,7 +802,7 @@ class Launcher:
             stdin=self.spawn_stdin,
         )
 
-    def wait_leader(self, proc, pidfd, deadline):
+    def wait_leader(self, proc: subprocess.Popen[bytes], pidfd: int, deadline: float) -> int:
         own = _pidns(os.getpid())
         while True:
             for c in _read_children(proc.pid):
@@ -791,7 +815,8 @@ class Launcher:
                 raise SetupError("the cell did not start within %ss" % self.policy["start_timeout"])
             self.sleep(0.002, [pidfd])
 
-    def configure_network(self, slot, leader, proc, pidfd, deadline):
+    def configure_network(self, slot: policymod.Slot, leader: int, proc: subprocess.Popen[bytes], pidfd: int,
+                          deadline: float) -> None:
         p = self.policy
         host_if, cell_if = slot["host_ifname"], slot["cell_ifname"]
         while not (os.path.exists("/sys/class/net/" + host_if) and cell_if in _netdev_names(leader)):
@@ -818,7 +843,7 @@ class Launcher:
             if cmd.returncode != 0:
                 raise SetupError("cannot configure the veth (%s): %s" % (what, out.decode(errors="replace").strip()))
 
-    def write_record(self, slot, leader, **extra):
+    def write_record(self, slot: policymod.Slot, leader: int, **extra: object) -> None:
         paths = argvmod.cell_paths(self.policy, slot)
         rec = {
             "slot": slot["name"],
@@ -831,7 +856,7 @@ class Launcher:
         _write_atomic(paths["record"], json.dumps(rec, sort_keys=True) + "\n", 0o600)
 
     # -- fail-closed checks (before the gate opens) ------------------------
-    def _limits_verdict(self, slot, problems):
+    def _limits_verdict(self, slot: policymod.Slot, problems: List[str]) -> None:
         if not problems:
             return
         if self.policy["require_limits"]:
@@ -842,7 +867,7 @@ class Launcher:
         log("slot %s: WARNING: resource limits NOT enforced: %s (policy require_limits is false)"
             % (slot["name"], "; ".join(problems)))
 
-    def apply_standalone_limits(self, slot, cg2):
+    def apply_standalone_limits(self, slot: policymod.Slot, cg2: Optional[str]) -> None:
         """Write the policy's properties into the cell's own cgroup2
         directory (before nspawn is in it)."""
         props = self.policy["properties"]
@@ -867,6 +892,7 @@ class Launcher:
         for lim in limits:
             if lim in skipped:
                 continue
+            assert cg2 is not None  # without it every limit is skipped
             path = os.path.join(cg2, lim.file)
             try:
                 with open(path, "w") as fh:
@@ -878,7 +904,7 @@ class Launcher:
                 raise SetupError("%s reads %r after writing %s (%s)" % (path, got.strip(), lim.value, lim.prop))
             self.debug("slot %s: %s = %s" % (slot["name"], path, lim.value))
 
-    def check_scope_limits(self, slot, leader, unit):
+    def check_scope_limits(self, slot: policymod.Slot, leader: int, unit: str) -> None:
         """systemd scope: the scope's cgroup must carry the limits asked."""
         props = self.policy["properties"]
         if not props:
@@ -897,10 +923,11 @@ class Launcher:
             problems += ["%s (%s): the cell's cgroup2 scope %s was not found" % (lim.prop, lim.file, unit)
                          for lim in limits]
         else:
+            assert mount is not None  # a scope is found only in it
             problems += scope_limit_problems(limits, mount[1] + scope)
         self._limits_verdict(slot, problems)
 
-    def start_userns_restriction(self, leader):
+    def start_userns_restriction(self, leader: int) -> Tuple[int, int]:
         """Write 0 to user.max_user_namespaces of the cell's own user
         namespace.  The user.* sysctls resolve against the writer's user
         namespace, so a forked child joins the cell's (setns) and writes.
@@ -936,7 +963,7 @@ class Launcher:
         os.close(fd)
         return pid, r
 
-    def userns_verdict(self, started):
+    def userns_verdict(self, started: Tuple[int, int]) -> None:
         """Wait for the child of start_userns_restriction; SetupError unless
         it read 0 back."""
         pid, r = started
@@ -955,7 +982,7 @@ class Launcher:
                 "(policy allow_user_namespaces is false)" % answer
             )
 
-    def list_ruleset(self):
+    def list_ruleset(self) -> Optional[subprocess.Popen[bytes]]:
         """Start ``nft -j list table`` for check_ruleset (the listing is read
         there; the run starts it before it configures the veth, so that the
         two overlap).  None when nft cannot be started (check_ruleset then
@@ -966,7 +993,7 @@ class Launcher:
         except OSError:
             return None
 
-    def check_ruleset(self, slot, listing_proc=None):
+    def check_ruleset(self, slot: policymod.Slot, listing_proc: Optional[subprocess.Popen[bytes]] = None) -> None:
         """The cell_nat table must be loaded and cover this slot's veth
         (``listing_proc``: a list_ruleset() started earlier, or None)."""
         cmd = rulesetmod.list_command(self.policy["nft"])
@@ -981,11 +1008,11 @@ class Launcher:
             r.kill()
             r.wait()
             raise SetupError("%s did not answer within 20s%s" % (" ".join(cmd), tail))
-        listing = out.decode(errors="replace")
+        listing: Optional[str] = out.decode(errors="replace")
         if r.returncode != 0:
-            err = err.decode(errors="replace").strip()
-            if "No such file or directory" not in err:
-                raise SetupError("%s failed (exit %d): %s%s" % (" ".join(cmd), r.returncode, err, tail))
+            message = err.decode(errors="replace").strip()
+            if "No such file or directory" not in message:
+                raise SetupError("%s failed (exit %d): %s%s" % (" ".join(cmd), r.returncode, message, tail))
             listing = None
         try:
             items = rulesetmod.missing(listing, slot["host_ifname"])
@@ -995,7 +1022,7 @@ class Launcher:
             raise SetupError(rulesetmod.refusal(items))
 
     # -- stop -----------------------------------------------------------
-    def stop(self, proc, pidfd, leader):
+    def stop(self, proc: subprocess.Popen[bytes], pidfd: Optional[int], leader: Optional[int]) -> None:
         """Orderly stop: SIGTERM the payload, give it stop_grace seconds,
         then SIGTERM nspawn (which SIGKILLs the cell), then SIGKILL."""
         if proc.poll() is not None:
@@ -1020,11 +1047,14 @@ class Launcher:
                     pass
             end = time.monotonic() + wait
             while proc.poll() is None and time.monotonic() < end:
-                select.select([pidfd], [], [], max(0.0, end - time.monotonic()))
+                if pidfd is None:  # pidfd_open failed after the spawn: poll
+                    time.sleep(0.01)
+                else:
+                    select.select([pidfd], [], [], max(0.0, end - time.monotonic()))
             if proc.poll() is not None:
                 return
 
-    def end_doors(self, slot):
+    def end_doors(self, slot: policymod.Slot) -> None:
         """The cell has stopped and the slot's lock is still held: have
         chv-browser destroy the slot's browser state before anyone can
         claim the slot again (doors.py; warm cells end here too)."""
@@ -1039,23 +1069,25 @@ class Launcher:
             self.debug("slot %s: browser state: %s (%s)" % (slot["name"], outcome, detail))
 
     # -- what a warm launcher (warm.WarmCell) changes ------------------
-    def cell_command(self, command):
+    def cell_command(self, command: Sequence[str]) -> Sequence[str]:
         """What the cell's pid 2 execs once the gate opens: the payload."""
         return command
 
-    def after_gate(self, slot, proc, pidfd, runtime_max):
+    def after_gate(self, slot: policymod.Slot, proc: subprocess.Popen[bytes], pidfd: int,
+                   runtime_max: float) -> float:
         """Called once the gate is open; returns the run's runtime_max (the
         payload's clock starts when it returns)."""
         return runtime_max
 
-    def on_ready(self, ready):
+    def on_ready(self, ready: List[int]) -> None:
         """Called with the ``wait_fds`` that became readable while the payload runs."""
 
-    def report(self, rc):
+    def report(self, rc: int) -> None:
         """Called with the run's exit code once the cell has stopped."""
 
     # -- the whole run --------------------------------------------------
-    def run(self, command, slot_name=None, timeout=None, shared_network=False, runtime_max=None):
+    def run(self, command: Sequence[str], slot_name: Optional[str] = None, timeout: Optional[float] = None,
+            shared_network: bool = False, runtime_max: Optional[float] = None) -> int:
         """One run; its exit code.  With ``status_fd`` set, the launcher's
         verdict is written there as one JSON line (write_status) once the
         cell is gone and the slot released."""
@@ -1068,7 +1100,8 @@ class Launcher:
                                                        self.payload_exit))
         return rc
 
-    def _run(self, command, slot_name, timeout, shared_network, runtime_max):
+    def _run(self, command: Sequence[str], slot_name: Optional[str], timeout: Optional[float], shared_network: bool,
+             runtime_max: Optional[float]) -> int:
         p = self.policy
         if shared_network and not p["allow_shared_network"]:
             log(SHARED_NETWORK_REFUSAL)
@@ -1127,7 +1160,8 @@ class Launcher:
         finally:
             self.restore_signals()
 
-    def _claim(self, locks, warm, wait, command, runtime_max, t0):
+    def _claim(self, locks: List[Tuple[str, str]], warm: List[str], wait: float, command: Sequence[str],
+               runtime_max: float, t0: float) -> Union[int, Tuple[str, claimmod.Claim]]:
         """A free slot's lock as (name, Claim), or, when a warm cell of
         ``warm`` took the payload, the run's exit code.  Each round offers
         the payload to the warm cells that are ready (warm.handover), then
@@ -1162,7 +1196,8 @@ class Launcher:
             self.sleep(min(delay, left))
             delay = min(delay * 1.5, 0.5)
 
-    def _run_claimed(self, slot, scope, command, shared_network, t0, runtime_max=0):
+    def _run_claimed(self, slot: policymod.Slot, scope: str, command: Sequence[str], shared_network: bool, t0: float,
+                     runtime_max: float = 0) -> int:
         p = self.policy
         proc = pidfd = gate_fd = leader = None
         cgroups = []

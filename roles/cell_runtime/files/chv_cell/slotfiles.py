@@ -36,11 +36,17 @@ itself is refused (no such slot, a path outside the slot's workspace and
 home, ``..``).  Standard library only.
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import os
 import stat
 import sys
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from .policy import Policy, Slot
 
 EXIT_REFUSED = 65  # EX_DATAERR: the file is refused (link, not regular, not the slot's)
 EXIT_MISSING = 66  # EX_NOINPUT: no such file
@@ -71,7 +77,7 @@ class Refused(Exception):
     """A request or a file the reader refuses: ``code`` (an exit code of
     this module) and ``str()`` (the message)."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
 
@@ -80,10 +86,10 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-_libc = None
+_libc: Optional[ctypes.CDLL] = None
 
 
-def _syscall():
+def _syscall() -> Callable[..., int]:
     global _libc  # pylint: disable=global-statement
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -91,7 +97,7 @@ def _syscall():
     return _libc.syscall
 
 
-def openat2(dirfd, path, flags, resolve):
+def openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
     """openat2(2) of ``path`` (str) relative to ``dirfd``; the new fd.
     Raises OSError with the kernel's errno (ENOSYS where there is none)."""
     how = _OpenHow(flags, 0, resolve)
@@ -104,7 +110,7 @@ def openat2(dirfd, path, flags, resolve):
 
 
 # ---------------------------------------------------------------- the path
-def split_relative(rel):
+def split_relative(rel: str) -> List[str]:
     """The components of a relative path: empty and ``.`` ones dropped;
     ``..``, a NUL or an empty result refused (EXIT_CONFIG)."""
     if "\0" in rel:
@@ -118,7 +124,7 @@ def split_relative(rel):
     return parts
 
 
-def _beneath(path, top):
+def _beneath(path: str, top: str) -> Optional[str]:
     """The rest of ``path`` below ``top`` ('' for ``top`` itself), or None."""
     top = top.rstrip("/") or "/"
     if path == top:
@@ -127,7 +133,7 @@ def _beneath(path, top):
     return path[len(prefix):] if path.startswith(prefix) else None
 
 
-def locate(policy, slot, path):
+def locate(policy: Policy, slot: Slot, path: str) -> Tuple[str, str, List[str]]:
     """Map a path of the slot's cell to (kind, host directory, components).
 
     ``path`` relative: beneath the workspace (the cell's working directory).
@@ -157,7 +163,7 @@ def locate(policy, slot, path):
 
 
 # ---------------------------------------------------------------- opening
-def _errno_refusal(exc, what):
+def _errno_refusal(exc: OSError, what: str) -> Refused:
     """A Refused for an OSError of opening ``what``."""
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return Refused(EXIT_MISSING, "%s: no such file" % what)
@@ -168,7 +174,7 @@ def _errno_refusal(exc, what):
     return Refused(EXIT_REFUSED, "%s: cannot open: %s" % (what, exc.strerror))
 
 
-def open_dir(path):
+def open_dir(path: str) -> int:
     """An fd of the slot's directory ``path`` (its last component not followed)."""
     parent, name = os.path.split(path)
     pfd = os.open(parent, _DIR_FLAGS & ~os.O_NOFOLLOW)  # the operator's own path (root's)
@@ -178,7 +184,7 @@ def open_dir(path):
         os.close(pfd)
 
 
-def _walk(base_fd, parts):
+def _walk(base_fd: int, parts: Sequence[str]) -> int:
     """The fallback of openat2: one O_NOFOLLOW open per component from
     ``base_fd``; a directory on another device is a mount point (refused,
     as RESOLVE_NO_XDEV).  The last component's fd (_LEAF_FLAGS)."""
@@ -207,7 +213,7 @@ def _walk(base_fd, parts):
         raise
 
 
-def open_beneath(base_fd, parts, use_openat2=True):
+def open_beneath(base_fd: int, parts: Sequence[str], use_openat2: bool = True) -> Tuple[int, str]:
     """The fd of ``parts`` beneath ``base_fd`` opened with _LEAF_FLAGS,
     never following a symlink nor leaving ``base_fd``: openat2 when
     ``use_openat2`` and the kernel has it, else the walk.  Returns (fd,
@@ -221,12 +227,12 @@ def open_beneath(base_fd, parts, use_openat2=True):
     return _walk(base_fd, parts), "walk"
 
 
-def cell_could_read(st, slot):
+def cell_could_read(st: os.stat_result, slot: Slot) -> bool:
     """The slot's cell could read this inode: owned by a uid of its range, or world-readable."""
     return slot["uid_base"] <= st.st_uid < slot["uid_base"] + slot["uid_size"] or bool(st.st_mode & stat.S_IROTH)
 
 
-def _kind(mode):
+def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
@@ -234,7 +240,8 @@ def _kind(mode):
     return "not a regular file"
 
 
-def open_slot_file(policy, slot, path, max_bytes, use_openat2=True):
+def open_slot_file(policy: Policy, slot: Slot, path: str, max_bytes: int,
+                   use_openat2: bool = True) -> Tuple[int, os.stat_result, str]:
     """Open the cell path ``path`` of ``slot`` for reading as described in
     the module's docstring.  Returns (fd, st, how); raises Refused."""
     kind, top, parts = locate(policy, slot, path)
@@ -245,6 +252,7 @@ def open_slot_file(policy, slot, path, max_bytes, use_openat2=True):
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise Refused(EXIT_MISSING, "%s: the slot's %s %s does not exist" % (what, kind, top))
         raise _errno_refusal(exc, what)
+    leaf: Optional[int]  # None once the fd is returned or closed
     try:
         try:
             leaf, how = open_beneath(base, parts, use_openat2)
@@ -280,7 +288,7 @@ def open_slot_file(policy, slot, path, max_bytes, use_openat2=True):
             os.close(leaf)
 
 
-def copy_bounded(fd, out_fd, max_bytes):
+def copy_bounded(fd: int, out_fd: int, max_bytes: int) -> Tuple[int, bool]:
     """Copy ``fd`` to ``out_fd`` up to ``max_bytes``; (bytes copied, more
     left), where more left means the file grew past the limit."""
     done = 0
@@ -295,7 +303,8 @@ def copy_bounded(fd, out_fd, max_bytes):
     return done, bool(os.read(fd, 1))
 
 
-def read_file(policy, slot_name, path, out_fd=1, log=None, use_openat2=True):
+def read_file(policy: Policy, slot_name: str, path: str, out_fd: int = 1,
+              log: Optional[Callable[[str], object]] = None, use_openat2: bool = True) -> int:
     """``chv-cell read --slot SLOT PATH``: the file's bytes to ``out_fd``;
     the exit code (one ``log`` line for every refusal)."""
     log = log or (lambda msg: sys.stderr.write("chv-cell: %s\n" % msg))
@@ -305,7 +314,7 @@ def read_file(policy, slot_name, path, out_fd=1, log=None, use_openat2=True):
         return EXIT_CONFIG
     max_bytes = policy["read_max_bytes"]
     try:
-        fd, dummy, dummy = open_slot_file(policy, slot, path, max_bytes, use_openat2)
+        fd = open_slot_file(policy, slot, path, max_bytes, use_openat2)[0]
     except Refused as exc:
         log("read: %s" % exc)
         return exc.code

@@ -27,18 +27,24 @@ the caller's policy (policy_digest)} with three fds, then
 the payload's own exit code when it ended by itself, the ground of the
 caller's --status-fd verdict; or a refusal: nothing ran)."""
 
+from __future__ import annotations
+
 import array
 import hashlib
 import json
 import os
 import socket
 import time
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 from . import argv as argvmod
 from . import claim as claimmod
 from . import policy as policymod
 from . import runner
 from . import warm_receive
+
+if TYPE_CHECKING:
+    import subprocess
 
 MESSAGE_MAX = warm_receive.REQUEST_MAX + 4096
 STAMP_POLL = 1.0  # seconds between checks of the policy and launcher files while idle
@@ -47,14 +53,14 @@ EXIT_NOT_WARM = 3  # the slot is not in warm_slots (the unit's RestartPreventExi
 STALE = "the policy or the launcher changed since the warm cell started"
 
 
-def socket_path(policy, name):
+def socket_path(policy: policymod.Policy, name: str) -> str:
     return argvmod.cell_paths(policy, policymod.slot_by_name(policy, name))["warm_socket"]
 
 
-def files_stamp(paths):
+def files_stamp(paths: Iterable[str]) -> Tuple[Tuple[object, ...], ...]:
     """What identifies each file's current version (inode, mtime, size);
     a replaced or edited file changes it."""
-    out = []
+    out: List[Tuple[object, ...]] = []
     for path in paths:
         try:
             st = os.stat(path)
@@ -64,25 +70,25 @@ def files_stamp(paths):
     return tuple(out)
 
 
-def watched_files(policy_path):
+def watched_files(policy_path: str) -> List[str]:
     """The policy and the launcher's own files: a warm cell started before
     either changed is not handed a payload."""
     here = os.path.dirname(os.path.abspath(__file__))
     return [policy_path] + sorted(os.path.join(here, n) for n in os.listdir(here) if n.endswith(".py"))
 
 
-def policy_digest(policy):
+def policy_digest(policy: policymod.Policy) -> str:
     """The policy's content (merged with the defaults) as one digest: a warm
     cell takes only payloads of callers with the very same policy (a run
     with --policy FILE, e.g. chv-cell audit's loosened copies, starts cold)."""
     return hashlib.sha256(json.dumps(policy, sort_keys=True).encode()).hexdigest()
 
 
-def encode(obj):
+def encode(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True).encode()
 
 
-def decode(data):
+def decode(data: bytes) -> Optional[Dict[str, Any]]:
     """A message as a dict, or None (EOF, or not a JSON object)."""
     if not data:
         return None
@@ -93,7 +99,7 @@ def decode(data):
     return obj if isinstance(obj, dict) else None
 
 
-def check_request(req, policy_runtime_max):
+def check_request(req: Optional[Dict[str, Any]], policy_runtime_max: float) -> Tuple[List[str], float]:
     """(argv, runtime_max) of a caller's request, or ValueError."""
     if req is None:
         raise ValueError("the request is not a JSON object")
@@ -104,7 +110,7 @@ def check_request(req, policy_runtime_max):
     return argv, policymod.effective_runtime_max(policy_runtime_max, req.get("runtime_max") or None)
 
 
-def _recv(sock):
+def _recv(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
     """One message with any fds attached: (dict or None, [fds])."""
     data, fds, truncated = warm_receive.receive(sock, MESSAGE_MAX)
     if truncated:
@@ -114,7 +120,7 @@ def _recv(sock):
     return decode(data), fds
 
 
-def _send(sock, obj):
+def _send(sock: socket.socket, obj: object) -> bool:
     try:
         sock.send(encode(obj))
         return True
@@ -125,23 +131,25 @@ def _send(sock, obj):
 class WarmCell(runner.Launcher):
     """One warm cell of slot ``slot_name``, used once (see the module doc)."""
 
-    def __init__(self, policy, policy_path, slot_name, verbose=False):
+    spawn_stdin: int  # the cell's end of the socketpair (closed once spawn() gave it to nspawn)
+
+    def __init__(self, policy: policymod.Policy, policy_path: str, slot_name: str, verbose: bool = False) -> None:
         super().__init__(policy, verbose=verbose, watch_fds=[])
         self.policy_path = policy_path
         self.slot_name = slot_name
         self.stamp = files_stamp(watched_files(policy_path))
         self.digest = policy_digest(policy)
         self.record_extra = {"warm": True}
-        self.conn = None
+        self.conn: Optional[socket.socket] = None
         self.retired = False
         self.handed_over = False
         self._ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self.spawn_stdin = theirs.detach()
 
-    def cell_command(self, command):
+    def cell_command(self, command: Sequence[str]) -> List[str]:
         return [self.policy["python"], "-I", "-S", "-c", warm_receive.BOOTSTRAP]
 
-    def spawn(self, argv, cgroup_dirs):
+    def spawn(self, argv: Sequence[str], cgroup_dirs: Iterable[str]) -> subprocess.Popen[bytes]:
         try:
             proc = super().spawn(argv, cgroup_dirs)
         finally:
@@ -151,10 +159,11 @@ class WarmCell(runner.Launcher):
             self._ours.send(fh.read())
         return proc
 
-    def stale(self):
+    def stale(self) -> bool:
         return files_stamp(watched_files(self.policy_path)) != self.stamp
 
-    def after_gate(self, slot, proc, pidfd, runtime_max):
+    def after_gate(self, slot: policymod.Slot, proc: subprocess.Popen[bytes], pidfd: int,
+                   runtime_max: float) -> float:
         """Listen for one caller; check; hand the payload to the cell."""
         path = argvmod.cell_paths(self.policy, slot)["warm_socket"]
         runner._ensure_dir(os.path.dirname(path), 0o700)
@@ -178,26 +187,28 @@ class WarmCell(runner.Launcher):
                     continue
                 self.conn, dummy = listener.accept()
                 self.conn.setblocking(True)
-                runtime_max = self._hand_over(slot)
-                if runtime_max is not None:
-                    return runtime_max
+                taken = self._hand_over(slot)
+                if taken is not None:
+                    return taken
         finally:
             runner._unlink(path)
             listener.close()
 
-    def _retire(self, why):
+    def _retire(self, why: str) -> NoReturn:
         self.retired = True
         raise runner.SetupError(why)
 
-    def _refuse(self, rc, error):
+    def _refuse(self, rc: int, error: str) -> None:
         """Answer the caller with the run's end (nothing ran) and hang up."""
+        assert self.conn is not None  # only while a caller is connected
         _send(self.conn, {"exit": rc, "error": error})
         self.conn.close()
         self.conn = None
 
-    def _hand_over(self, slot):
+    def _hand_over(self, slot: policymod.Slot) -> Optional[float]:
         """Check the request and what may have changed since the cell
         started, then give the cell the payload; its runtime_max."""
+        assert self.conn is not None  # after_gate accepted it
         req, fds = _recv(self.conn)
         try:
             if len(fds) != warm_receive.STDIO_FDS:
@@ -209,6 +220,7 @@ class WarmCell(runner.Launcher):
             except ValueError as exc:
                 self._refuse(runner.EXIT_CONFIG, str(exc))
                 self._retire("refused a request: %s" % exc)
+            assert req is not None  # check_request refuses None
             if self.stale():
                 _send(self.conn, {"retry": STALE})
                 self._retire(STALE + "; replacing it")
@@ -248,7 +260,7 @@ class WarmCell(runner.Launcher):
         _send(self.conn, {"started": True})
         return runtime_max
 
-    def on_ready(self, ready):
+    def on_ready(self, ready: List[int]) -> None:
         if self.conn is None or self.conn.fileno() not in ready:
             return
         msg, fds = _recv(self.conn)
@@ -261,7 +273,7 @@ class WarmCell(runner.Launcher):
         if isinstance(signum, int) and not isinstance(signum, bool) and 0 < signum < 65:
             raise runner.Interrupted(signum)
 
-    def report(self, rc):
+    def report(self, rc: int) -> None:
         if self.conn is not None:
             # payload_exit: the payload's own exit code when it ended by itself
             # (None when the launcher stopped it or failed); the caller's verdict
@@ -272,7 +284,7 @@ class WarmCell(runner.Launcher):
             os.close(fd)
         self._watch = []
 
-    def serve(self):
+    def serve(self) -> int:
         """The whole life of one warm cell; the process's exit code: 0 after
         a payload ran, the cell was retired or a stop signal came;
         EXIT_NOT_WARM when the slot is not warm in the policy; 125 after a
@@ -316,7 +328,7 @@ class WarmCell(runner.Launcher):
         return rc
 
 
-def request(launcher, command, runtime_max):
+def request(launcher: runner.Launcher, command: Sequence[str], runtime_max: float) -> Optional[bytes]:
     """A caller's request for handover (built once per run), or None when
     the argv is too long for one message (a cold cell then)."""
     req = encode({"argv": list(command), "runtime_max": runtime_max, "caller": launcher.caller,
@@ -327,7 +339,7 @@ def request(launcher, command, runtime_max):
     return req
 
 
-def handover(launcher, names, req, t0):
+def handover(launcher: runner.Launcher, names: Iterable[str], req: bytes, t0: float) -> Optional[int]:
     """The caller's side: offer the request ``req`` (request()) to the ready
     warm cells of the slots ``names`` in turn.  Returns the run's exit code,
     or None when no warm cell took it (none ready, or all taken meanwhile):
@@ -364,12 +376,12 @@ def handover(launcher, names, req, t0):
     return None
 
 
-def _exit_code(reply):
+def _exit_code(reply: Dict[str, Any]) -> int:
     rc = reply.get("exit")
     return rc if isinstance(rc, int) and not isinstance(rc, bool) and 0 <= rc <= 255 else runner.EXIT_SETUP
 
 
-def _stdio_fds():
+def _stdio_fds() -> List[int]:
     """fds 0, 1 and 2 as the caller has them; /dev/null for any that is closed."""
     out = []
     for fd in (0, 1, 2):
@@ -381,7 +393,7 @@ def _stdio_fds():
     return out
 
 
-def _wait(launcher, sock, name):
+def _wait(launcher: runner.Launcher, sock: socket.socket, name: str) -> int:
     """Wait for the warm cell's exit code; forward a stop signal once."""
     forwarded = False
     try:

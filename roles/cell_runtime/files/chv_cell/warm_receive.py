@@ -18,11 +18,17 @@ ends the cell with 125: no payload runs.
 Standard library only; ``parse_environ`` and ``parse_request`` are pure.
 """
 
+from __future__ import annotations
+
 import array
 import errno
 import json
 import os
 import socket
+from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10: annotations only
 
 REQUEST_MAX = 131072  # bytes of JSON; a longer argv goes to a cold cell
 # pid 2 of a warm cell: runs the program the launcher sends first on fd 0
@@ -33,7 +39,7 @@ STDIO_FDS = 3
 EXIT_NOT_STARTED = 125
 
 
-def parse_environ(raw):
+def parse_environ(raw: bytes) -> Dict[str, str]:
     """The variables of a NUL-separated ``K=V`` block (/proc/self/environ)."""
     env = {}
     for item in raw.split(b"\0"):
@@ -43,14 +49,14 @@ def parse_environ(raw):
     return env
 
 
-def valid_argv(argv):
+def valid_argv(argv: object) -> TypeGuard[List[str]]:
     """A payload's argv: a non-empty list of strings without NUL, the first
     non-empty (the warm launcher checks a caller's request with it too)."""
     return isinstance(argv, list) and bool(argv) and all(isinstance(a, str) and "\0" not in a for a in argv) \
         and bool(argv[0])
 
 
-def parse_request(msg, fds, truncated):
+def parse_request(msg: bytes, fds: Sequence[int], truncated: bool) -> List[str]:
     """The payload's argv from the launcher's message, or ValueError: JSON
     ``{"argv": [str, ...]}`` with a non-empty first word and exactly three
     file descriptors."""
@@ -68,14 +74,14 @@ def parse_request(msg, fds, truncated):
     return argv
 
 
-def _say(text):
+def _say(text: str) -> None:
     try:
         os.write(2, ("chv-cell: warm cell: %s\n" % text).encode("utf-8", "replace"))
     except OSError:
         pass
 
 
-def receive(sock, size=REQUEST_MAX):
+def receive(sock: socket.socket, size: int = REQUEST_MAX) -> Tuple[bytes, List[int], bool]:
     """(msg, fds, truncated) of one message on ``sock`` (at most ``size``
     bytes and STDIO_FDS file descriptors); msg is b"" at EOF or on an error.
     The warm launcher receives its callers' requests with it too."""
@@ -90,7 +96,7 @@ def receive(sock, size=REQUEST_MAX):
     return msg, list(fds), bool(flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC))
 
 
-def main():
+def main() -> None:
     with open("/proc/self/environ", "rb") as fh:
         env = parse_environ(fh.read())
     sock = socket.socket(fileno=0)

@@ -41,7 +41,7 @@ SYNC_MOUNTS_DEFAULT = (
     " -/usr/lib/chv-fleet/chv_browser -/usr/lib/chv-fleet/chv-browser",
 )
 
-DEFAULTS: wire.JSONObject = {
+DEFAULTS = {
     "cells_dir": "/run/chv-fleet/cells",
     "workspaces_dir": "/var/lib/chv-fleet/workspaces",
     "max_request_bytes": 65536,

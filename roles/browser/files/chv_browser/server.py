@@ -106,7 +106,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-DEFAULTS: wire.JSONObject = {
+DEFAULTS = {
     "socket": "/run/chv-browser/browser.sock",
     "socket_group": "",
     "shots_dir": "/run/chv-shots",

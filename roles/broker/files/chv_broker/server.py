@@ -375,7 +375,8 @@ class Broker:
         workspace = os.path.join(self.cfg["workspaces_dir"], cell["slot"])
         uid, gid = self._sync_identity(cell, workspace)
         credentials = self._credentials()
-        spec: SyncSpec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
+        spec: SyncSpec
+        spec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
                 "protocols": scfg["protocols"], "hosts": scfg["hosts"],
                 # run by the interpreter: the installed package's files are not executable
                 "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
@@ -393,7 +394,8 @@ class Broker:
         else:
             # the worker starts as root, makes the same mount namespace and drops to uid/gid
             # itself before it reads anything of the workspace (syncrun.enter_jail)
-            jail: JailSpec = {"uid": uid, "gid": gid, "workspace": workspace,
+            jail: JailSpec
+            jail = {"uid": uid, "gid": gid, "workspace": workspace,
                     "properties": sync_mount_properties(scfg, self.cfg["workspaces_dir"], workspace)}
             argv, grace = worker + ["--jail", json.dumps(jail), json.dumps(spec)], 0
         # the sync ends with the run it is for: the leader's pidfd is watched while the worker runs

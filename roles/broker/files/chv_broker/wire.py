@@ -155,7 +155,7 @@ class SlotQuota:
         self.name = name
         self.limit = limit
         self.what = what  # e.g. "connections open", for the message
-        self._held: dict[str, int] = {}
+        self._held: Dict[str, int] = {}
         self._lock = threading.Lock()
 
     # the caller's data comes back typed from Hold.data (chv-broker: the peer's cell record)

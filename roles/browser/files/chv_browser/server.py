@@ -441,7 +441,8 @@ class Engine:
         except BaseException:
             await self._close_context(ctx, None, "new_page failed")
             raise
-        entry: SlotEntry = {"context": ctx, "page": page, "used": time.monotonic(), "cell": cell,
+        entry: SlotEntry
+        entry = {"context": ctx, "page": page, "used": time.monotonic(), "cell": cell,
                  "pages": {page}, "popups_closed": 0}
         # registered once the slot's own page exists: every page after it is one the page opened
         ctx.on("page", lambda new: self._on_page(slot, entry, new))

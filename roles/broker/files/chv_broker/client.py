@@ -11,17 +11,20 @@ Prints the reply line; exits 0 when the reply has "ok": true, 1 when the
 broker refused, 2 when the broker could not be reached or hung up, and 2
 after printing this text when not given exactly one argument.
 """
+from __future__ import annotations
+
 import json
 import os
 import socket
 import sys
+from typing import List
 
 SOCKET = os.environ.get("CHV_BROKER_SOCKET", "/run/chv/broker.sock")
 
 
-def main(argv):
+def main(argv: List[str]) -> int:
     if len(argv) != 2:
-        sys.stderr.write(__doc__)
+        sys.stderr.write(__doc__ or "")
         return 2
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

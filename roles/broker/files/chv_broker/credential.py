@@ -9,12 +9,15 @@ CHV_BROKER_CRED_FD).  This helper answers git's ``get``
 with the first entry whose protocol and host match; ``store`` and ``erase``
 are ignored (the file is managed by the operator, not by git).
 """
+from __future__ import annotations
+
 import os
 import sys
+from typing import IO, Iterable, Iterator, List, Mapping, Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
 
-def entries(text):
+def entries(text: str) -> Iterator[Tuple[str, str, str, str]]:
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
@@ -30,14 +33,15 @@ def entries(text):
             yield u.scheme, host.lower(), unquote(u.username), unquote(u.password or "")
 
 
-def lookup(text, protocol, host):
+def lookup(text: str, protocol: str, host: str) -> Optional[Tuple[str, str]]:
     for scheme, h, user, password in entries(text):
         if scheme == protocol and h == host.lower():
             return user, password
     return None
 
 
-def read_fd(fd):
+def read_fd(fd: int) -> str:
+    chunks: List[bytes]
     chunks, off = [], 0
     while True:
         b = os.pread(fd, 65536, off)
@@ -47,10 +51,10 @@ def read_fd(fd):
         off += len(b)
 
 
-def main(argv, stdin, stdout, environ):
+def main(argv: List[str], stdin: Iterable[str], stdout: IO[str], environ: Mapping[str, str]) -> int:
     if len(argv) < 2 or argv[1] != "get":
         return 0
-    attrs = {}
+    attrs: dict[str, str] = {}
     for line in stdin:
         line = line.rstrip("\n")
         if not line:

@@ -24,19 +24,25 @@ A crash cannot leave a cell frozen: chv-broker.service runs
 (ExecStartPre=/ExecStopPost=, also after a crash), which thaws every
 cell's cgroup of the cell records.
 """
+from __future__ import annotations
+
 import json
 import os
 import re
 import subprocess
 import threading
 import time
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from .peer import Cell
 
 
 class FreezeError(Exception):
     pass
 
 
-def cgroup2_root(mountinfo="/proc/self/mountinfo"):
+def cgroup2_root(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
     """Mount point of the cgroup2 hierarchy (pure cgroup2: /sys/fs/cgroup; hybrid: .../unified)."""
     try:
         with open(mountinfo, encoding="utf-8") as fh:
@@ -50,7 +56,7 @@ def cgroup2_root(mountinfo="/proc/self/mountinfo"):
     return None
 
 
-def cell_cgroup_path(proc_cgroup_text, slot):
+def cell_cgroup_path(proc_cgroup_text: str, slot: str) -> str:
     """The cell's cgroup (a path relative to the cgroup2 root) from ``/proc/<leader>/cgroup``.
 
     Pure. The outermost component named for ``slot`` (``chv-cell-<slot>`` or
@@ -73,7 +79,7 @@ def cell_cgroup_path(proc_cgroup_text, slot):
     raise FreezeError("the cell's leader is not in a cgroup of slot %s (%s)" % (slot, rel))
 
 
-def unit_of(path):
+def unit_of(path: str) -> Optional[str]:
     """The systemd unit a cgroup path ends in (``....scope``), or None."""
     last = path.rstrip("/").rsplit("/", 1)[-1]
     return last if last.endswith((".scope", ".service")) else None
@@ -82,15 +88,16 @@ def unit_of(path):
 class Freezer:
     """Freezes and thaws cells' cgroups, counted per cgroup."""
 
-    def __init__(self, root=None, systemctl="/usr/bin/systemctl", timeout=5.0, proc="/proc"):
+    def __init__(self, root: Optional[str] = None, systemctl: str = "/usr/bin/systemctl", timeout: float = 5.0,
+                 proc: str = "/proc") -> None:
         self.root = root if root is not None else cgroup2_root()
         self.systemctl = systemctl
         self.timeout = timeout
         self.proc = proc
         self._lock = threading.Lock()
-        self._count = {}
+        self._count: Dict[str, int] = {}
 
-    def cgroup_of(self, cell):
+    def cgroup_of(self, cell: Cell) -> str:
         try:
             with open(os.path.join(self.proc, str(int(cell["pid"])), "cgroup"), encoding="utf-8") as fh:
                 text = fh.read()
@@ -100,7 +107,7 @@ class Freezer:
             raise FreezeError("no cgroup v2 hierarchy is mounted")
         return os.path.join(self.root, cell_cgroup_path(text, cell["slot"]).lstrip("/"))
 
-    def _write(self, d, value):
+    def _write(self, d: str, value: str) -> None:
         try:
             with open(os.path.join(d, "cgroup.freeze"), "w", encoding="ascii") as fh:
                 fh.write(value)
@@ -116,14 +123,14 @@ class Freezer:
             raise FreezeError("systemctl %s %s: %s" % ("freeze" if value == "1" else "thaw", unit,
                                                        proc.stderr.decode("utf-8", "replace").strip()[:200]))
 
-    def frozen(self, d):
+    def frozen(self, d: str) -> bool:
         try:
             with open(os.path.join(d, "cgroup.events"), encoding="ascii") as fh:
                 return "frozen 1" in fh.read().splitlines()
         except OSError:
             return False
 
-    def freeze(self, cell):
+    def freeze(self, cell: Cell) -> str:
         """Freeze the cell's cgroup (and wait until the kernel says it is frozen); returns it."""
         d = self.cgroup_of(cell)
         with self._lock:
@@ -139,7 +146,7 @@ class Freezer:
             time.sleep(0.002)
         return d
 
-    def thaw(self, d):
+    def thaw(self, d: str) -> None:
         with self._lock:
             n = self._count.get(d, 0) - 1
             if n > 0:
@@ -153,10 +160,10 @@ class Freezer:
                     raise
 
 
-def thaw_all(cells_dir, freezer=None):
+def thaw_all(cells_dir: str, freezer: Optional[Freezer] = None) -> List[str]:
     """Thaw the cgroup of every cell record (chv-broker --thaw-all). Returns the ones thawed."""
     freezer = freezer or Freezer()
-    done = []
+    done: List[str] = []
     try:
         names = sorted(os.listdir(cells_dir))
     except FileNotFoundError:

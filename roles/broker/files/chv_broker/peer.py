@@ -25,12 +25,15 @@ record names a live launcher child.  Weaker than Linux: any process of the
 slot user passes, not only those of the live cell's process tree (the slot
 users run nothing but cells: no shell, no password, hidden).
 """
+from __future__ import annotations
+
 import json
 import os
 import signal
 import socket
 import struct
 import sys
+from typing import Callable, List, Optional, Set, Tuple, TypedDict
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 _UCRED = struct.Struct("3i")
@@ -45,23 +48,35 @@ XUCRED_VERSION = 0
 XUCRED = struct.Struct("=IIhxx16I")
 
 
+class _CellRequired(TypedDict):
+    slot: str
+    pid: int
+    uid_base: int
+    uid_size: int
+
+
+class Cell(_CellRequired, total=False):
+    """A live cell record as load_cells checked it (started: where the record has it)."""
+    started: float
+
+
 class PeerRejected(Exception):
     """The peer is not a process of any live cell."""
 
-    def __init__(self, reason, pid=None, uid=None):
+    def __init__(self, reason: str, pid: Optional[int] = None, uid: Optional[int] = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.pid = pid
         self.uid = uid
 
 
-def peer_credentials(conn):
+def peer_credentials(conn: socket.socket) -> Tuple[int, int, int]:
     """(pid, uid, gid) of the process that connected ``conn``."""
     raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     return _UCRED.unpack(raw)
 
 
-def _peer_pidfd(conn, pid):
+def _peer_pidfd(conn: socket.socket, pid: int) -> Optional[int]:
     try:
         return conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
     except OSError:
@@ -72,7 +87,7 @@ def _peer_pidfd(conn, pid):
         return None
 
 
-def _alive(pidfd):
+def _alive(pidfd: int) -> bool:
     try:
         signal.pidfd_send_signal(pidfd, 0)
         return True
@@ -83,17 +98,17 @@ def _alive(pidfd):
         return True
 
 
-def pid_namespace(pid, proc="/proc"):
+def pid_namespace(pid: int, proc: str = "/proc") -> str:
     return os.readlink(os.path.join(proc, str(pid), "ns", "pid"))
 
 
-def load_cells(cells_dir):
+def load_cells(cells_dir: str) -> List[Cell]:
     """Read every live cell record; malformed records are skipped.
 
     Returns a list of dicts with slot, pid, uid_base, uid_size (and started, the
     launcher's start time, where the record has it).
     """
-    cells = []
+    cells: List[Cell] = []
     try:
         names = sorted(os.listdir(cells_dir))
     except FileNotFoundError:
@@ -114,7 +129,7 @@ def load_cells(cells_dir):
             continue
         if pid <= 1 or base < 0 or size <= 0:
             continue
-        cell = {"slot": slot, "pid": pid, "uid_base": base, "uid_size": size}
+        cell: Cell = {"slot": slot, "pid": pid, "uid_base": base, "uid_size": size}
         started = rec.get("started")
         if isinstance(started, (int, float)) and not isinstance(started, bool) and started > 0:
             cell["started"] = started
@@ -122,7 +137,7 @@ def load_cells(cells_dir):
     return cells
 
 
-def incarnation(cell):
+def incarnation(cell: Cell) -> str:
     """Which run of its slot a cell is, as chv-browser's "cell" field: the leader's pid and
     the launcher's start time from the root-owned record (nothing a cell writes). Two runs
     of one slot never share it, even when a pid is reused."""
@@ -131,7 +146,7 @@ def incarnation(cell):
     return "%d" % cell["pid"]
 
 
-def match_cell(pid, uid, cells, ns_of=pid_namespace):
+def match_cell(pid: int, uid: int, cells: List[Cell], ns_of: Callable[[int], str] = pid_namespace) -> Cell:
     """Pure decision: the cell whose uid range and pid namespace hold the peer."""
     in_range = [c for c in cells if c["uid_base"] <= uid < c["uid_base"] + c["uid_size"]]
     if not in_range:
@@ -150,7 +165,7 @@ def match_cell(pid, uid, cells, ns_of=pid_namespace):
     raise PeerRejected("pid namespace is not a live cell's", pid, uid)
 
 
-def parse_xucred(raw):
+def parse_xucred(raw: bytes) -> Tuple[int, Tuple[int, ...]]:
     """(uid, groups) from the bytes of a macOS struct xucred (pure)."""
     if len(raw) < XUCRED.size:
         raise PeerRejected("LOCAL_PEERCRED returned %d bytes, not a struct xucred" % len(raw))
@@ -162,7 +177,7 @@ def parse_xucred(raw):
     return uid, tuple(groups[:ngroups])
 
 
-def peer_credentials_darwin(conn):
+def peer_credentials_darwin(conn: socket.socket) -> Tuple[int, int]:
     """(pid, uid) of the process that connected ``conn`` (macOS)."""
     uid, _groups = parse_xucred(conn.getsockopt(SOL_LOCAL, LOCAL_PEERCRED, XUCRED.size))
     try:
@@ -172,7 +187,7 @@ def peer_credentials_darwin(conn):
     return pid, uid
 
 
-def match_slot_user(uid, cells, alive):
+def match_slot_user(uid: int, cells: List[Cell], alive: Callable[[int], bool]) -> Cell:
     """Pure decision (macOS): the live cell whose slot user is ``uid``.
 
     A record counts only with uid_size 1 (a slot user, as the macOS launcher
@@ -185,7 +200,7 @@ def match_slot_user(uid, cells, alive):
     raise PeerRejected("uid is no live cell's slot user", uid=uid)
 
 
-def pid_alive(pid):
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True
@@ -196,18 +211,18 @@ def pid_alive(pid):
 
 
 class PeerChecker:
-    def __init__(self, cells_dir, proc="/proc", platform=sys.platform):
+    def __init__(self, cells_dir: str, proc: str = "/proc", platform: str = sys.platform) -> None:
         self.cells_dir = cells_dir
         self.proc = proc
         self.darwin = platform == "darwin"
 
-    def live_slots(self):
+    def live_slots(self) -> Set[str]:
         if self.darwin:
             return {c["slot"] for c in load_cells(self.cells_dir) if pid_alive(c["pid"])}
         return {c["slot"] for c in load_cells(self.cells_dir)
                 if os.path.exists(os.path.join(self.proc, str(c["pid"])))}
 
-    def identify(self, conn):
+    def identify(self, conn: socket.socket) -> Cell:
         """Return the matching cell record, or raise PeerRejected."""
         if self.darwin:
             _pid, uid = peer_credentials_darwin(conn)

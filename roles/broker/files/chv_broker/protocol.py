@@ -9,20 +9,32 @@ Each service carries out a name through a method ``op_<name>`` (chv-broker:
 ``Engine.op_open``, ...), looked up once at start by ``handlers``; a name
 not in these tables is refused.
 """
+from __future__ import annotations
+
 import json
+from typing import IO, Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, TypedDict
 from urllib.parse import urlsplit
+
+# an action's table: action -> the string fields it requires
+Actions = Dict[str, Tuple[str, ...]]
+
+
+class OpSpec(TypedDict):
+    actions: Optional[Actions]
+    switch: Optional[str]
+
 
 # chv-browser actions -> the string fields each one requires (besides "slot",
 # which chv-broker fills in with the slot its peer check matched).
-BROWSER_ACTIONS = {"open": ("url",), "snapshot": (), "screenshot": ("name",), "close": ()}
+BROWSER_ACTIONS: Actions = {"open": ("url",), "snapshot": (), "screenshot": ("name",), "close": ()}
 
 # sync actions -> required fields ("repo" is optional, default ".").
-SYNC_ACTIONS = {"status": (), "pull": (), "push": ()}
+SYNC_ACTIONS: Actions = {"status": (), "pull": (), "push": ()}
 
 # chv-broker operations: "actions" is the op's table of actions (None: the op
 # takes none); "switch" the config section whose "enabled" turns the op on
 # (None: always on).
-OPS = {
+OPS: dict[str, OpSpec] = {
     "ping": {"actions": None, "switch": None},
     "sync": {"actions": SYNC_ACTIONS, "switch": "sync"},
     "browser": {"actions": BROWSER_ACTIONS, "switch": "browser"},
@@ -32,12 +44,12 @@ OPS = {
 URL_SCHEMES = ("http", "https")
 
 
-def known(table, name):
+def known(table: Mapping[str, object], name: object) -> bool:
     """Whether ``name`` (anything a client sent) is a key of ``table``."""
     return isinstance(name, str) and name in table
 
 
-def handlers(obj, table):
+def handlers(obj: object, table: Iterable[str]) -> dict[str, Callable[..., Any]]:
     """{name: obj.op_<name>} for every name in ``table``; raises TypeError when one has no handler."""
     missing = [name for name in table if not callable(getattr(obj, "op_" + name, None))]
     if missing:
@@ -45,7 +57,7 @@ def handlers(obj, table):
     return {name: getattr(obj, "op_" + name) for name in table}
 
 
-def url_scheme_allowed(url):
+def url_scheme_allowed(url: str) -> bool:
     """Whether ``url``'s scheme is one of URL_SCHEMES (case-insensitive).
 
     Raises ValueError when urlsplit does (e.g. an unclosed IPv6 bracket).
@@ -53,7 +65,7 @@ def url_scheme_allowed(url):
     return urlsplit(url).scheme.lower() in URL_SCHEMES
 
 
-def audit(stream, event, **fields):
+def audit(stream: IO[str], event: str, **fields: object) -> None:
     """Write one JSON audit line {"event": event, **fields} to ``stream``; a closed stream is no error."""
     fields = {"event": event, **fields}
     try:

@@ -1,4 +1,6 @@
 """chv-broker daemon: socket activation, peer check, op allow-list, audit log."""
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -13,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, TypedDict, Union
 
 from . import wire
 from .freeze import Freezer, FreezeError, thaw_all
@@ -20,6 +23,10 @@ from .peer import PeerChecker, PeerRejected, incarnation
 from .protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
                        url_scheme_allowed)
 from .syncrun import HOSTS_VAR, jail_plan, parse_host_entry
+
+if TYPE_CHECKING:
+    from .peer import Cell
+    from .syncrun import JailSpec, SyncSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -99,21 +106,21 @@ DEFAULTS = {
 SYNC_ISOLATION = ("unit", "child")
 
 
-def merge(base, over):
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> wire.JSONObject:
     out = dict(base)
     for k, v in over.items():
         out[k] = merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return out
 
 
-def load_config(path):
+def load_config(path: Optional[str]) -> wire.JSONObject:
     if not path:
         return merge(DEFAULTS, {})
     with open(path, encoding="utf-8") as fh:
         return merge(DEFAULTS, json.load(fh))
 
 
-def sync_mount_properties(scfg, workspaces_dir, workspace):
+def sync_mount_properties(scfg: wire.JSONObject, workspaces_dir: str, workspace: str) -> List[str]:
     """The worker's mount namespace as systemd properties, for both isolation modes.
 
     ``scfg["mounts"]`` (hides /var, /tmp, homes, /opt, /etc/chv, /run/chv-*...),
@@ -127,11 +134,12 @@ def sync_mount_properties(scfg, workspaces_dir, workspace):
                                    "BindPaths=%s" % workspace, "ReadWritePaths=%s" % workspace]
 
 
-def sync_unit_name(slot):
+def sync_unit_name(slot: str) -> str:
     return "chv-broker-sync-%s-%s" % (slot, uuid.uuid4().hex[:12])
 
 
-def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker, workspaces_dir=None, unit=None):
+def sync_unit_argv(scfg: wire.JSONObject, slot: str, workspace: str, uid: int, gid: int, env: Mapping[str, str],
+                   worker: List[str], workspaces_dir: Optional[str] = None, unit: Optional[str] = None) -> List[str]:
     """systemd-run argv that runs the sync worker in a transient service of its own.
 
     The service starts as root with CAP_SETUID/CAP_SETGID only, in the
@@ -156,12 +164,22 @@ def sync_unit_argv(scfg, slot, workspace, uid, gid, env, worker, workspaces_dir=
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def printable(text):
+def printable(text: str) -> str:
     """``text`` with control characters (terminal escapes, NULs, CRs) as "?"; newlines and tabs kept."""
     return _CONTROL.sub("?", text)
 
 
-def run_worker(argv, env, stdin_data, cap, timeout, leader_pidfd=None, kill=None):
+class WorkerResult(TypedDict):
+    """What run_worker returns."""
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    ended: Optional[str]
+
+
+def run_worker(argv: List[str], env: Mapping[str, str], stdin_data: Optional[bytes], cap: int, timeout: float,
+               leader_pidfd: Optional[int] = None, kill: Optional[Callable[[], None]] = None) -> WorkerResult:
     """Run the sync worker; never hold more than ``cap`` bytes of each of its outputs.
 
     Reads stdout and stderr as they come; once either passes ``cap`` the
@@ -173,8 +191,10 @@ def run_worker(argv, env, stdin_data, cap, timeout, leader_pidfd=None, kill=None
     """
     proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three PIPE
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    ended: Optional[str]
     pending, ended, truncated = memoryview(stdin_data or b""), None, False
     deadline = time.monotonic() + timeout
     poller = select.poll()
@@ -251,7 +271,7 @@ AUDIT_EVENT = "chv-broker.audit"
 
 
 class Broker:
-    def __init__(self, config, log=sys.stderr):
+    def __init__(self, config: wire.JSONObject, log: IO[str] = sys.stderr) -> None:
         if config["sync"]["isolation"] not in SYNC_ISOLATION:
             raise ValueError("sync.isolation must be one of %s, not %r"
                              % (", ".join(SYNC_ISOLATION), config["sync"]["isolation"]))
@@ -277,7 +297,7 @@ class Broker:
         self.log = log
         self.peers = PeerChecker(config["cells_dir"])
         self.freezer = Freezer(systemctl=config["sync"]["systemctl"])
-        self.slots_seen = set()  # slots that used the browser, for the reaper
+        self.slots_seen: Set[str] = set()  # slots that used the browser, for the reaper
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.ops = handlers(self, OPS)
@@ -290,20 +310,20 @@ class Broker:
                                                config["max_connections_per_slot"])
 
     # -------------------------------------------------------------- operations
-    def enabled(self, op):
+    def enabled(self, op: str) -> bool:
         switch = OPS[op]["switch"]
         return switch is None or bool(self.cfg[switch]["enabled"])
 
-    def dispatch(self, cell, req):
-        op = req.get("op")
+    def dispatch(self, cell: Cell, req: wire.JSONObject) -> object:
+        op: Any = req.get("op")  # whatever the client sent: known() decides
         if not known(OPS, op) or not self.enabled(op):
             raise OpError("unknown or disabled op: %r" % (op,) if isinstance(op, str) else "missing op")
         return self.ops[op](cell, req)
 
-    def op_ping(self, cell, req):  # pylint: disable=unused-argument
+    def op_ping(self, cell: Cell, req: wire.JSONObject) -> Dict[str, object]:  # pylint: disable=unused-argument
         return {"pong": True, "slot": cell["slot"]}
 
-    def _sync_identity(self, cell, workspace):
+    def _sync_identity(self, cell: Cell, workspace: str) -> Tuple[int, int]:
         """(uid, gid) of the sync worker: the slot's uid_base for both (the cell's root).
 
         Never the workspace's group (the agent group reads every slot) nor
@@ -333,7 +353,7 @@ class Broker:
                 return pw.pw_uid, pw.pw_gid
         raise OpError("slot workspace owner is neither in the slot's UID range nor the shared user")
 
-    def _credentials(self):
+    def _credentials(self) -> bytes:
         """The credential file's content (read as root, outside every cell), or b""."""
         path = self.cfg["sync"]["credentials_file"]
         if not path:
@@ -344,7 +364,7 @@ class Broker:
         except FileNotFoundError:
             return b""
 
-    def op_sync(self, cell, req):
+    def op_sync(self, cell: Cell, req: wire.JSONObject) -> Dict[str, object]:
         scfg = self.cfg["sync"]
         action = req.get("action")
         if not known(SYNC_ACTIONS, action) or action not in scfg["commands"]:
@@ -355,6 +375,7 @@ class Broker:
         workspace = os.path.join(self.cfg["workspaces_dir"], cell["slot"])
         uid, gid = self._sync_identity(cell, workspace)
         credentials = self._credentials()
+        spec: SyncSpec
         spec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
                 "protocols": scfg["protocols"], "hosts": scfg["hosts"],
                 # run by the interpreter: the installed package's files are not executable
@@ -363,7 +384,7 @@ class Broker:
                 "rlimit_as": int(scfg["rlimit_as"]), "rlimit_cpu": int(scfg["rlimit_cpu"])}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         worker = [scfg["python"], "-I", os.path.join(HERE, "syncrun.py")]
-        unit = None
+        unit: Optional[str] = None
         if scfg["isolation"] == "unit":
             # systemd stops the unit after RuntimeMaxSec; give systemd-run a moment to report that
             unit = sync_unit_name(cell["slot"])
@@ -373,6 +394,7 @@ class Broker:
         else:
             # the worker starts as root, makes the same mount namespace and drops to uid/gid
             # itself before it reads anything of the workspace (syncrun.enter_jail)
+            jail: JailSpec
             jail = {"uid": uid, "gid": gid, "workspace": workspace,
                     "properties": sync_mount_properties(scfg, self.cfg["workspaces_dir"], workspace)}
             argv, grace = worker + ["--jail", json.dumps(jail), json.dumps(spec)], 0
@@ -410,18 +432,18 @@ class Broker:
                 "stderr": printable(errout.decode("utf-8", "replace")),
                 "truncated": res["truncated"]}
 
-    def _kill_unit(self, unit):
+    def _kill_unit(self, unit: Optional[str]) -> None:
         """Stop a sync's transient service (killing systemd-run does not stop the unit)."""
         if unit is None:
             return
         subprocess.run([self.cfg["sync"]["systemctl"], "kill", "--signal=SIGKILL", "--", unit + ".service"],
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
 
-    def op_browser(self, cell, req):
-        action = req.get("action")
+    def op_browser(self, cell: Cell, req: wire.JSONObject) -> object:
+        action: Any = req.get("action")  # whatever the client sent: known() decides
         if not known(BROWSER_ACTIONS, action):
             raise OpError("browser action must be one of " + ", ".join(sorted(BROWSER_ACTIONS)))
-        fwd = {"slot": cell["slot"], "action": action}
+        fwd: Dict[str, str] = {"slot": cell["slot"], "action": action}
         for key in BROWSER_ACTIONS[action]:
             if not isinstance(req.get(key), str):
                 raise OpError("browser %s needs a string %r" % (action, key))
@@ -444,7 +466,7 @@ class Broker:
         raise OpError("browser: %s" % reply.get("error", "failed"))
 
     # -------------------------------------------------------------- connections
-    def admit(self, conn):
+    def admit(self, conn: socket.socket) -> Union[PeerRejected, wire.Hold[Cell]]:
         """The accept loop's step (wire.serve_connections): the peer check, then one of its
         slot's connections (wire.Hold, the cell record as data). Raises wire.Busy when the
         slot has max_connections_per_slot open; a rejected peer's PeerRejected is returned
@@ -458,9 +480,9 @@ class Broker:
             return PeerRejected("peer check failed: %s: %s" % (type(exc).__name__, exc))
         return self.connections.acquire(cell["slot"], data=cell)
 
-    def handle(self, conn, admitted=None):
+    def handle(self, conn: socket.socket, admitted: Union[PeerRejected, wire.Hold[Cell], None] = None) -> None:
         t0 = time.monotonic()
-        fields = {"slot": None, "op": None, "verdict": "error"}
+        fields: Dict[str, object] = {"slot": None, "op": None, "verdict": "error"}
         try:
             with conn:
                 if admitted is None:  # called without the accept loop (tests): admit here
@@ -471,8 +493,9 @@ class Broker:
                         wire.send_quietly(conn, wire.err(exc))
                         return
                 if isinstance(admitted, PeerRejected):
-                    exc = admitted
-                    fields.update(verdict="rejected", reason=exc.reason, peer_pid=exc.pid, peer_uid=exc.uid)
+                    rejected = admitted
+                    fields.update(verdict="rejected", reason=rejected.reason, peer_pid=rejected.pid,
+                                  peer_uid=rejected.uid)
                     wire.send_quietly(conn, wire.err("peer is not a process of a live chv cell"))
                     return
                 cell = admitted.data
@@ -510,12 +533,12 @@ class Broker:
             audit(self.log, AUDIT_EVENT, **fields)
 
     @staticmethod
-    def busy_fields(exc):
+    def busy_fields(exc: wire.Busy) -> Dict[str, object]:
         """Audit fields of a refusal for capacity (wire.Busy): the quota, its value, the slot."""
         return {"slot": exc.slot, "verdict": "busy", "quota": exc.quota, "limit": exc.limit,
                 "reason": str(exc)[:300]}
 
-    def serve(self, listener):
+    def serve(self, listener: socket.socket) -> None:
         busy = ("busy: chv-broker serves at most %d connections at once (max_connections); retry later"
                 % self.max_connections)
         wire.serve_connections(
@@ -523,7 +546,7 @@ class Broker:
             on_busy=lambda exc: audit(self.log, AUDIT_EVENT, op=None, duration_ms=0, **self.busy_fields(exc)),
             admit=self.admit)
 
-    def reap(self):
+    def reap(self) -> None:
         """Tell chv-browser to drop contexts of slots whose cell is gone."""
         bcfg = self.cfg["browser"]
         while not self._stop.wait(bcfg["reap_interval"]):
@@ -541,11 +564,11 @@ class Broker:
                     self.slots_seen.discard(slot)
                 audit(self.log, AUDIT_EVENT, slot=slot, op="browser", action="close", verdict="reaped", duration_ms=0)
 
-    def stop(self, *_):
+    def stop(self, *_: object) -> None:
         self._stop.set()
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="chv-broker")
     ap.add_argument("--config", default="/etc/chv-fleet/broker.json")
     ap.add_argument("--listen", help="bind this Unix socket path instead of socket activation (development)")

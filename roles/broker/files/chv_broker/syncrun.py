@@ -36,6 +36,8 @@ here, with that identity's permissions only:
 A rejection is one JSON line on stdout and exit status REJECT_STATUS.
 Standard library only; importable for unit tests.
 """
+from __future__ import annotations
+
 import ipaddress
 import json
 import os
@@ -43,6 +45,7 @@ import re
 import stat
 import subprocess
 import sys
+from typing import Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Set, Tuple, TypedDict, Union, cast
 
 REJECT_STATUS = 120
 
@@ -79,7 +82,7 @@ _HELPER_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*::")                  # <transp
 _SCP_RE = re.compile(r"(?:([^@\[\]/:]*)@)?(\[[^\]/]*\]|[^\[\]@/:]*):(.*)", re.S)
 
 
-def _host(text):
+def _host(text: str) -> str:
     """Normalised host: lower-case name without its trailing dot, or "[<compressed IPv6>]"."""
     if text.startswith("[") and text.endswith("]"):
         inner = text[1:-1]
@@ -94,13 +97,13 @@ def _host(text):
     return text.lower().rstrip(".")
 
 
-def _port(text, strict=False):
+def _port(text: str, strict: bool = False) -> int:
     if not (_ENTRY_PORT_RE if strict else _PORT_RE).fullmatch(text) or not 0 < int(text) < 65536:
         raise ValueError("not a port number")
     return int(text)
 
 
-def parse_host_entry(entry):
+def parse_host_entry(entry: object) -> Tuple[str, Optional[int]]:
     """One chv_broker_sync_hosts entry -> (host, port or None). Raises ValueError.
 
     ``host``, ``host:port``, ``1.2.3.4``, ``1.2.3.4:22``, ``2001:db8::1``,
@@ -117,7 +120,7 @@ def parse_host_entry(entry):
     return _host(host), (_port(port, True) if sep else None)
 
 
-def parse_remote_url(url):
+def parse_remote_url(url: object) -> Tuple[str, str, int, str]:
     """A remote URL as git reads it -> (protocol, host, port, display).
 
     ``display`` is the URL without user name, password, query or fragment.
@@ -160,7 +163,7 @@ def parse_remote_url(url):
     return "ssh", host, DEFAULT_PORTS["ssh"], "%s:%s" % (m.group(2), re.split(r"[?#]", m.group(3), maxsplit=1)[0])
 
 
-def redact(url):
+def redact(url: object) -> str:
     """``url`` for messages: no user name, password, query or fragment, printable, bounded."""
     url = str(url)
     m = _URL_RE.match(url)
@@ -171,7 +174,7 @@ def redact(url):
     return out if len(out) <= 200 else out[:197] + "..."
 
 
-def check_remote(remote, url, hosts):
+def check_remote(remote: Optional[str], url: str, hosts: Iterable[object]) -> None:
     """Refuse (Rejected) unless ``url`` of ``remote`` names a host:port in ``hosts``.
 
     ``remote`` is the remote's name (None when the name *is* the URL);
@@ -215,18 +218,19 @@ _VALUE_OPTS = frozenset((
 ))
 
 
-def config_key(name):
+def config_key(name: str) -> str:
     """git's canonical key: section and variable lower-case, subsection as written."""
     section, rest = name.partition(".")[::2]
     sub, var = rest.rpartition(".")[::2]
     return "%s.%s%s" % (section.lower(), sub + "." if sub else "", var.lower())
 
 
-def _valid_nick(name):  # git's valid_remote_nick()
+def _valid_nick(name: str) -> bool:  # git's valid_remote_nick()
     return bool(name) and name not in (".", "..") and "/" not in name
 
 
-def sync_remotes(argv, config, branch):
+def sync_remotes(argv: Sequence[str], config: List[Tuple[str, str]],
+                 branch: Optional[str]) -> List[Tuple[Optional[str], List[str]]]:
     """The remotes a git argument vector would contact: [(name or None, [url, ...]), ...].
 
     Pure: ``config`` is the repository's (key, value) list in file order (what
@@ -239,6 +243,7 @@ def sync_remotes(argv, config, branch):
     if not argv or os.path.basename(argv[0]) != "git":
         raise Rejected("the sync command is not git, so its remote cannot be checked against " + HOSTS_VAR)
     config = [(config_key(k), v) for k, v in config]
+    sub: Optional[str]
     args, i, sub = list(argv[1:]), 0, None
     while i < len(args):  # git's global options
         a = args[i]
@@ -260,6 +265,8 @@ def sync_remotes(argv, config, branch):
     if sub not in REMOTE_GIT_COMMANDS:
         raise Rejected("cannot tell which remote 'git %s' contacts while %s is set" % (sub, HOSTS_VAR))
 
+    positional: List[str]
+    repo_opt: Optional[str]
     positional, fetch_all, multiple, repo_opt, j = [], False, False, None, 0
     while j < len(rest):
         a = rest[j]
@@ -285,14 +292,15 @@ def sync_remotes(argv, config, branch):
             positional.append(a)
         j += 1
 
-    def values(key):
+    def values(key: str) -> List[str]:
         return [v for k, v in config if k == key]
 
-    def last(key):
+    def last(key: str) -> Optional[str]:
         found = values(key)
         return found[-1] if found else None
 
     push = sub == "push"
+    names: Optional[Sequence[Optional[str]]]
     if fetch_all:
         names = []
         for k, _v in config:
@@ -320,8 +328,8 @@ def sync_remotes(argv, config, branch):
             remotes = {k[len("remote."):k.rindex(".")] for k, _v in config
                        if k.startswith("remote.") and k.count(".") >= 2}
             names = ["origin"] + sorted(remotes - {"origin"} if len(remotes) == 1 else ())
-    out = []
-    for name in names:
+    out: List[Tuple[Optional[str], List[str]]] = []
+    for name in cast("Sequence[str]", names):  # no None is left: the last branch falls back to origin
         urls = values("remote.%s.url" % name)
         if push and values("remote.%s.pushurl" % name):
             urls = values("remote.%s.pushurl" % name)
@@ -335,7 +343,7 @@ def sync_remotes(argv, config, branch):
     return out
 
 
-def confine(workspace, repo):
+def confine(workspace: str, repo: object) -> str:
     """Resolve ``repo`` (relative to ``workspace`` or absolute) strictly; it must stay inside.
 
     Returns the resolved absolute path of an existing directory.
@@ -358,7 +366,7 @@ def confine(workspace, repo):
     return real
 
 
-def inside(root, path):
+def inside(root: str, path: str) -> bool:
     return os.path.commonpath([root, os.path.realpath(path)]) == root
 
 
@@ -369,12 +377,12 @@ GIT_DIR_INDIRECTIONS = ("objects/info/alternates", "objects/info/http-alternates
 GIT_DIR_MAX_ENTRIES = 500000
 
 
-def _shown(rel):
+def _shown(rel: str) -> str:
     rel = "".join(c if c.isprintable() and c != "\\" else "?" for c in rel)
     return rel if len(rel) <= 120 else rel[:117] + "..."
 
 
-def check_git_dir(repo):
+def check_git_dir(repo: str) -> str:
     """Refuse (Rejected) a repository whose git directory could lead git out of it.
 
     ``repo`` is the (pinned) working tree. Its ``.git`` must be a directory
@@ -422,12 +430,12 @@ def check_git_dir(repo):
     return gd
 
 
-def disallowed_git_keys(names):
+def disallowed_git_keys(names: Iterable[str]) -> List[str]:
     """Config keys (lower-case names as git prints them) that are not on the allow-list."""
     return sorted({n for n in names if not any(p.fullmatch(n) for p in GIT_CONFIG_ALLOWED)})
 
 
-def git_env(base_env, ws_real, repo=None):
+def git_env(base_env: Mapping[str, str], ws_real: str, repo: Optional[str] = None) -> Dict[str, str]:
     """git's environment: an allow-list of the broker's variables (so no
     GIT_DIR, GIT_ALTERNATE_OBJECT_DIRECTORIES, GIT_CONFIG_PARAMETERS... of
     anyone else) and, for ``repo``, GIT_DIR/GIT_WORK_TREE pinned to its
@@ -452,7 +460,7 @@ def git_env(base_env, ws_real, repo=None):
     return env
 
 
-def git_prefix(protocols, credential_helper):
+def git_prefix(protocols: Iterable[str], credential_helper: str) -> List[str]:
     argv = ["git",
             "-c", "core.hooksPath=/dev/null",
             "-c", "core.fsmonitor=false",
@@ -471,7 +479,7 @@ def git_prefix(protocols, credential_helper):
     return argv
 
 
-def _git_out(prefix, env, *args):
+def _git_out(prefix: List[str], env: Mapping[str, str], *args: str) -> bytes:
     proc = subprocess.run(prefix + list(args), env=env, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False)
     if proc.returncode != 0:
@@ -479,9 +487,9 @@ def _git_out(prefix, env, *args):
     return proc.stdout
 
 
-def parse_config_list(data):
+def parse_config_list(data: bytes) -> List[Tuple[str, Optional[str]]]:
     """``git config --list --null`` output -> [(name, value)] in file order (a bare key has value None)."""
-    out = []
+    out: List[Tuple[str, Optional[str]]] = []
     for item in data.split(b"\0"):
         if item:
             name, nl, value = item.decode("utf-8", "surrogateescape").partition("\n")
@@ -489,7 +497,7 @@ def parse_config_list(data):
     return out
 
 
-def current_branch(prefix, env):
+def current_branch(prefix: List[str], env: Mapping[str, str]) -> Optional[str]:
     """The checked-out branch (also unborn), or None when HEAD is detached."""
     proc = subprocess.run(prefix + ["symbolic-ref", "--quiet", "HEAD"], env=env, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False)
@@ -501,7 +509,27 @@ def current_branch(prefix, env):
     return ref[len("refs/heads/"):] if ref.startswith("refs/heads/") else None
 
 
-def prepare(spec, environ, targets=None):
+# (protocol, host, port) of a remote URL the sync contacts, as checked
+Target = Tuple[str, str, int]
+
+
+class _SyncSpecRequired(TypedDict):
+    workspace: str
+    repo: str
+    argv: List[str]
+
+
+class SyncSpec(_SyncSpecRequired, total=False):
+    """The worker's JSON argument, as chv-broker's op_sync writes it."""
+    protocols: List[str]
+    hosts: List[str]
+    credential_helper: str
+    rlimit_as: int
+    rlimit_cpu: int
+
+
+def prepare(spec: SyncSpec, environ: Mapping[str, str],
+            targets: Optional[Set[Target]] = None) -> Tuple[List[str], Dict[str, str]]:
     """Everything but the exec: returns (argv, env).  Raises Rejected.
 
     ``targets`` (a set) gets the (protocol, host, port) of every remote URL
@@ -529,6 +557,7 @@ def prepare(spec, environ, targets=None):
         for d in dirs.decode("utf-8", "replace").splitlines():
             if not inside(ws_real, d):
                 raise Rejected("the repository's git directory lies outside the slot's workspace")
+        remotes: Optional[List[Tuple[Optional[str], List[str]]]]
         try:
             remotes = sync_remotes(argv, [(k, v or "") for k, v in config], current_branch(prefix, env))
         except Rejected:
@@ -536,7 +565,7 @@ def prepare(spec, environ, targets=None):
                 raise
             remotes = None  # cannot tell: no host check asked for, and no credentials (credential_lines)
         if hosts:
-            for name, urls in remotes:
+            for name, urls in cast("List[Tuple[Optional[str], List[str]]]", remotes):  # set: Rejected re-raised
                 for url in urls:
                     check_remote(name, url, hosts)
         for _name, urls in remotes or ():
@@ -565,13 +594,26 @@ class JailError(Rejected):
     pass
 
 
-def _jail_path(text, what):
+# (kind, path, arg) of one mount of jail_plan: "tmpfs" (options, read only), "inaccessible"
+# (optional), "bind" (source)
+MountStep = Tuple[str, str, Union[Tuple[str, bool], bool, str]]
+
+
+class JailSpec(TypedDict):
+    """The worker's --jail argument (isolation "child"), as chv-broker's op_sync writes it."""
+    uid: int
+    gid: int
+    workspace: str
+    properties: List[str]
+
+
+def _jail_path(text: str, what: str) -> str:
     if not _PATH_RE.fullmatch(text) or "/../" in text + "/" or "/./" in text + "/" or "//" in text:
         raise ValueError("%s: %r is not a plain absolute path" % (what, text))
     return text.rstrip("/") or "/"
 
 
-def jail_plan(properties):
+def jail_plan(properties: Iterable[object]) -> List[MountStep]:
     """The mounts, in order, that ``properties`` (systemd ``Name=value`` strings) stand for.
 
     Pure. Returns [(kind, path, arg)] with kind "tmpfs" (arg: (options,
@@ -581,7 +623,7 @@ def jail_plan(properties):
     MOUNT_PROPERTIES; ReadWritePaths= changes nothing here) and for paths
     that are not plain absolute paths.
     """
-    steps = []
+    steps: List[MountStep] = []
     for prop in properties:
         name, eq, value = str(prop).partition("=")
         if not eq or name not in MOUNT_PROPERTIES:
@@ -634,11 +676,11 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 
 PR_SET_NO_NEW_PRIVS = 38
 
 
-def _under(path, roots):
+def _under(path: str, roots: Iterable[str]) -> bool:
     return any(path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def enter_jail(jail):
+def enter_jail(jail: JailSpec) -> None:
     """As root (isolation "child"): make the worker's mount namespace, then become the slot.
 
     ``jail``: {"uid", "gid", "workspace", "properties"}. The workspace is
@@ -653,7 +695,7 @@ def enter_jail(jail):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
-    def call(what, rc):
+    def call(what: str, rc: int) -> None:
         if rc != 0:
             err = ctypes.get_errno()
             hint = (" (chv-broker needs CAP_SYS_ADMIN, mount(2) and unshare(2) for sync.isolation child)"
@@ -661,10 +703,10 @@ def enter_jail(jail):
             raise JailError("the sync worker's mount namespace could not be made: %s: %s%s"
                             % (what, os.strerror(err), hint))
 
-    def enc(value):
+    def enc(value: Optional[str]) -> Optional[bytes]:
         return value.encode() if isinstance(value, str) else value
 
-    def mount(src, target, fstype, flags, data=None):
+    def mount(src: Optional[str], target: str, fstype: Optional[str], flags: int, data: Optional[str] = None) -> None:
         call("mount %s" % target, libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)))
 
     uid, gid, workspace = int(jail["uid"]), int(jail["gid"]), jail["workspace"]
@@ -680,6 +722,8 @@ def enter_jail(jail):
         ws_fd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise JailError("slot workspace cannot be opened: %s" % exc.strerror) from None
+    ours: List[str]
+    read_only: List[Tuple[str, int]]
     ours, read_only = [], []
     for kind, path, arg in plan:
         if not os.path.lexists(path):
@@ -692,7 +736,7 @@ def enter_jail(jail):
             else:
                 continue  # nothing there to hide
         if kind == "tmpfs":
-            options, ro = arg
+            options, ro = cast("Tuple[str, bool]", arg)
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
             ours.append(path)
             if ro:
@@ -706,7 +750,7 @@ def enter_jail(jail):
                 read_only.append((path, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV))
         else:  # bind: only the workspace, from the descriptor opened before any mount
             if arg != workspace:
-                raise JailError("BindPaths=%s: only the slot's workspace is bound" % arg)
+                raise JailError("BindPaths=%s: only the slot's workspace is bound" % (arg,))
             mount("/proc/self/fd/%d" % ws_fd, path, None, MS_BIND)
             mount(None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
     for path, flags in read_only:
@@ -724,7 +768,7 @@ def enter_jail(jail):
         raise JailError("the sync worker did not become the slot's uid/gid")
 
 
-def credential_lines(data, targets):
+def credential_lines(data: bytes, targets: Iterable[Target]) -> bytes:
     """The credential file's lines for the remotes the sync contacts, nothing else.
 
     ``data``: git-credential-store lines (bytes); ``targets``: (protocol, host,
@@ -732,7 +776,7 @@ def credential_lines(data, targets):
     protocol and its host the host (its port, if it names one, the port).
     """
     from urllib.parse import urlsplit  # pylint: disable=import-outside-toplevel
-    keep = []
+    keep: List[bytes] = []
     for raw in data.splitlines():
         line = raw.strip()
         if not line or line.startswith(b"#"):
@@ -749,11 +793,11 @@ def credential_lines(data, targets):
     return b"\n".join(keep) + b"\n" if keep else b""
 
 
-def _host_text(host):
+def _host_text(host: str) -> str:
     return host[1:-1] if host.startswith("[") else host
 
 
-def credentials_fd(data):
+def credentials_fd(data: bytes) -> Optional[int]:
     """The credentials git's helper may answer with, in an unnamed memfd (CHV_BROKER_CRED_FD).
 
     Inheritable: git starts the helper (credential.py) through git-remote-https,
@@ -768,16 +812,17 @@ def credentials_fd(data):
     return fd
 
 
-def set_limits(spec):
+def set_limits(spec: SyncSpec) -> None:
     """The worker's and git's address space and CPU time (setrlimit; chv-broker's sync.rlimit_*)."""
     import resource  # pylint: disable=import-outside-toplevel
+    key: Literal["rlimit_as", "rlimit_cpu"]
     for key, res in (("rlimit_as", resource.RLIMIT_AS), ("rlimit_cpu", resource.RLIMIT_CPU)):
         value = int(spec.get(key) or 0)
         if value > 0:
             resource.setrlimit(res, (value, value))
 
 
-def main(args):
+def main(args: List[str]) -> int:
     if args[:1] == ["--jail"]:  # isolation "child": started as root, becomes the slot here
         try:
             enter_jail(json.loads(args[1]))
@@ -789,7 +834,7 @@ def main(args):
     spec = json.loads(args[0])
     set_limits(spec)
     data = sys.stdin.buffer.read(1 << 20)
-    targets = set()
+    targets: Set[Target] = set()
     try:
         argv, env = prepare(spec, os.environ, targets)
     except Rejected as exc:

@@ -4,18 +4,25 @@ One request is one JSON object on one line (terminated by b"\n"), at most
 ``max_bytes`` long including the newline, read within ``timeout`` seconds
 in total.  One reply is one JSON object on one line.
 """
+from __future__ import annotations
+
 import json
 import os
 import socket
 import threading
 import time
+from typing import Any, Callable, Dict, Generic, Mapping, Optional, TypeVar, overload
+
+# A request or reply as JSON decodes it: the values are whatever the peer sent.
+JSONObject = Dict[str, Any]
+_T = TypeVar("_T")
 
 
 class WireError(Exception):
     """The peer sent something that is not a valid request line."""
 
 
-def read_line(conn, max_bytes, timeout):
+def read_line(conn: socket.socket, max_bytes: int, timeout: float) -> bytes:
     """Read one newline-terminated line from ``conn``.
 
     Raises WireError on timeout, oversize input, EOF before the newline.
@@ -46,7 +53,7 @@ def read_line(conn, max_bytes, timeout):
             raise WireError("request too large")
 
 
-def parse_object(line):
+def parse_object(line: bytes) -> JSONObject:
     """Decode one request line into a dict, or raise WireError."""
     try:
         text = line.decode("utf-8")
@@ -61,20 +68,21 @@ def parse_object(line):
     return obj
 
 
-def encode(obj):
+def encode(obj: Mapping[str, object]) -> bytes:
     """One reply line."""
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode("utf-8") + b"\n"
 
 
-def ok(result):
+def ok(result: object) -> JSONObject:
     return {"ok": True, "result": result}
 
 
-def err(message):
+def err(message: object) -> JSONObject:
     return {"ok": False, "error": str(message)}
 
 
-def call(path, request, timeout, max_reply_bytes=4 * 1024 * 1024):
+def call(path: str, request: Mapping[str, object], timeout: float,
+         max_reply_bytes: int = 4 * 1024 * 1024) -> JSONObject:
     """Client side: send ``request`` to the Unix socket at ``path``, return the reply dict.
 
     Raises OSError when the socket cannot be reached and WireError when the
@@ -87,7 +95,7 @@ def call(path, request, timeout, max_reply_bytes=4 * 1024 * 1024):
         return parse_object(read_line(s, max_reply_bytes, timeout))
 
 
-def send_quietly(conn, obj, timeout=5):
+def send_quietly(conn: socket.socket, obj: Mapping[str, object], timeout: float = 5) -> None:
     """Send one reply line; a peer that went away is not an error."""
     try:
         conn.settimeout(timeout)
@@ -104,31 +112,31 @@ class Busy(Exception):
     against (None: the global cap), ``limit`` its value.
     """
 
-    def __init__(self, message, quota, limit, slot=None):
+    def __init__(self, message: str, quota: str, limit: int, slot: Optional[str] = None) -> None:
         super().__init__(message)
         self.quota = quota
         self.limit = limit
         self.slot = slot
 
 
-class Hold:
+class Hold(Generic[_T]):
     """One unit of a slot's quota, given back once (``release()`` or the end of a ``with`` block)."""
 
-    def __init__(self, quota, slot, data=None):
+    def __init__(self, quota: SlotQuota, slot: str, data: _T) -> None:
         self._quota = quota
         self.slot = slot
         self.data = data  # what the caller admitted (e.g. the peer's cell record)
         self._released = False
 
-    def release(self):
+    def release(self) -> None:
         if not self._released:
             self._released = True
             self._quota.release(self.slot)
 
-    def __enter__(self):
+    def __enter__(self) -> Hold[_T]:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -141,16 +149,22 @@ class SlotQuota:
     so one slot's load is refused to that slot alone. Thread-safe.
     """
 
-    def __init__(self, name, limit, what):
+    def __init__(self, name: str, limit: int, what: str) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError("%s must be an integer of at least 1, not %r" % (name, limit))
         self.name = name
         self.limit = limit
         self.what = what  # e.g. "connections open", for the message
-        self._held = {}
+        self._held: Dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def acquire(self, slot, data=None):
+    # the caller's data comes back typed from Hold.data (chv-broker: the peer's cell record)
+    @overload
+    def acquire(self, slot: str) -> Hold[None]: ...
+    @overload
+    def acquire(self, slot: str, data: _T) -> Hold[_T]: ...
+
+    def acquire(self, slot: str, data: object = None) -> Hold[Any]:
         with self._lock:
             n = self._held.get(slot, 0)
             if n >= self.limit:
@@ -159,7 +173,7 @@ class SlotQuota:
             self._held[slot] = n + 1
         return Hold(self, slot, data)
 
-    def release(self, slot):
+    def release(self, slot: str) -> None:
         with self._lock:
             n = self._held.get(slot, 0) - 1
             if n > 0:
@@ -167,16 +181,16 @@ class SlotQuota:
             else:
                 self._held.pop(slot, None)
 
-    def held(self, slot):
+    def held(self, slot: str) -> int:
         with self._lock:
             return self._held.get(slot, 0)
 
-    def total(self):
+    def total(self) -> int:
         with self._lock:
             return sum(self._held.values())
 
 
-def policy_slots(path):
+def policy_slots(path: str) -> int:
     """How many slots the cell policy at ``path`` names (0 when it cannot be read: no floor).
     The doors count them at start, so that their configuration does not depend on what a
     play knew of the slot identities (a run of one role, a tagged run)."""
@@ -188,7 +202,7 @@ def policy_slots(path):
     return len(slots) if isinstance(slots, list) else 0
 
 
-def global_cap(configured, slots, per_slot):
+def global_cap(configured: int, slots: int, per_slot: int) -> int:
     """The global connection cap a door runs with: ``configured``, raised to
     (slots + 1) * per_slot when that is more, so that every slot at its
     quota at once still leaves room for one more slot's worth (connections
@@ -197,7 +211,7 @@ def global_cap(configured, slots, per_slot):
     return max(int(configured), (int(slots) + 1) * int(per_slot) if slots else 0)
 
 
-def refuse(conn, message):
+def refuse(conn: socket.socket, message: str) -> None:
     """Answer ``message`` as an error and close, without waiting for the peer (from the accept loop)."""
     with conn:
         try:
@@ -207,7 +221,10 @@ def refuse(conn, message):
             pass
 
 
-def serve_connections(listener, stop, max_connections, handle, busy_message, on_busy=None, admit=None):
+def serve_connections(listener: socket.socket, stop: threading.Event, max_connections: int,
+                      handle: Callable[..., None], busy_message: str,
+                      on_busy: Optional[Callable[[Busy], None]] = None,
+                      admit: Optional[Callable[[socket.socket], object]] = None) -> None:
     """Accept connections until ``stop`` is set, each handled in a thread of its own.
 
     ``admit(conn)``, when given, runs in the accept loop before any thread
@@ -235,7 +252,7 @@ def serve_connections(listener, stop, max_connections, handle, busy_message, on_
             if stop.is_set():
                 break
             raise
-        admitted = None
+        admitted: object = None
         try:
             if admit is not None:
                 admitted = admit(conn)
@@ -249,7 +266,7 @@ def serve_connections(listener, stop, max_connections, handle, busy_message, on_
             refuse(conn, str(exc))
             continue
 
-        def run(c=conn, a=admitted):
+        def run(c: socket.socket = conn, a: object = admitted) -> None:
             try:
                 if admit is None:
                     handle(c)
@@ -270,7 +287,7 @@ def serve_connections(listener, stop, max_connections, handle, busy_message, on_
             refuse(conn, busy_message)
 
 
-def listener_from_env(environ):
+def listener_from_env(environ: Mapping[str, str]) -> Optional[socket.socket]:
     """The socket systemd passed (LISTEN_FDS, fd 3), or None."""
     if environ.get("LISTEN_PID") != str(os.getpid()) or int(environ.get("LISTEN_FDS", "0")) < 1:
         return None

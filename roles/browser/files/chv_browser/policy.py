@@ -1,8 +1,16 @@
 """Pure request checks, output shaping and the screenshot quota of chv-browser (no Playwright needed)."""
+from __future__ import annotations
+
 import re
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 from .protocol import URL_SCHEMES
+
+if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10: only in annotations, which are never evaluated
+
+    from .protocol import Actions
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SLOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -12,7 +20,7 @@ class Refused(Exception):
     """A request chv-browser will not carry out; the message goes back to the cell."""
 
 
-def check_url(url):
+def check_url(url: object) -> str:
     if not isinstance(url, str) or not url or len(url) > 8192:
         raise Refused("url must be a non-empty string of at most 8192 characters")
     try:
@@ -24,7 +32,7 @@ def check_url(url):
     return url.strip()
 
 
-def url_allowed(url):
+def url_allowed(url: object) -> bool:
     try:
         check_url(url)
         return True
@@ -32,29 +40,30 @@ def url_allowed(url):
         return False
 
 
-def check_slot(slot):
+def check_slot(slot: object) -> str:
     if not isinstance(slot, str) or not _SLOT.fullmatch(slot) or ".." in slot:
         raise Refused("invalid slot")
     return slot
 
 
-def _name_ok(name):
+def _name_ok(name: object) -> TypeGuard[str]:
     return isinstance(name, str) and bool(_NAME.fullmatch(name)) and ".." not in name
 
 
-def check_name(name):
+def check_name(name: object) -> str:
     if not _name_ok(name):
         raise Refused("screenshot name must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63} without '..'")
     return name
 
 
-def is_shot_file(filename):
+def is_shot_file(filename: object) -> bool:
     """Whether ``filename`` is one chv-browser may have written as a screenshot: ``<name>.png``
     with a name check_name accepts (its temporary files, ``.<name>.png.tmp``, are not)."""
     return isinstance(filename, str) and filename.endswith(".png") and _name_ok(filename[:-len(".png")])
 
 
-def shots_to_prune(shots, keep, max_bytes, incoming=None):
+def shots_to_prune(shots: Sequence[Tuple[str, int, float]], keep: int, max_bytes: int,
+                   incoming: Optional[int] = None) -> List[str]:
     """Names of a slot's screenshots to remove for it to be within its quota, oldest first.
 
     ``shots`` is the slot's screenshots as (name, size, mtime); oldest means
@@ -69,7 +78,7 @@ def shots_to_prune(shots, keep, max_bytes, incoming=None):
         max_count, budget = keep - 1, max_bytes - incoming
     count = len(shots)
     total = sum(shot[1] for shot in shots)
-    remove = []
+    remove: List[str] = []
     for name, size, dummy_mtime in sorted(shots, key=lambda shot: (shot[2], shot[0])):
         if count <= max_count and total <= budget:
             break
@@ -80,10 +89,10 @@ def shots_to_prune(shots, keep, max_bytes, incoming=None):
 
 
 # The check of each request field named in protocol.BROWSER_ACTIONS: value -> checked value, or Refused.
-FIELD_CHECKS = {"url": check_url, "name": check_name}
+FIELD_CHECKS: Dict[str, Callable[[object], str]] = {"url": check_url, "name": check_name}
 
 
-def truncate(text, max_lines, max_bytes):
+def truncate(text: str, max_lines: int, max_bytes: int) -> Tuple[str, bool]:
     """Cut ``text`` to at most ``max_lines`` lines and ``max_bytes`` UTF-8 bytes.
 
     Returns (text, truncated).  Cuts never split a UTF-8 character.
@@ -105,12 +114,12 @@ def truncate(text, max_lines, max_bytes):
 # Operations only guest root outside every cell may ask for (chv-cell's launcher, after a
 # cell ended and before its slot can be claimed again; chv_cell/doors.py). chv-broker never
 # forwards them: it forwards only protocol.BROWSER_ACTIONS, and these are not among them.
-ADMIN_ACTIONS = {"end": ()}
+ADMIN_ACTIONS: Actions = {"end": ()}
 
 _CELL = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
 
 
-def check_cell(cell):
+def check_cell(cell: object) -> Optional[str]:
     """The identity of the cell incarnation a request is for (opaque to chv-browser, e.g. the
     cell leader's pid and pid namespace inode as chv-broker's peer check saw them), or None
     when the request names none."""
@@ -121,7 +130,7 @@ def check_cell(cell):
     return cell
 
 
-def admin_peer_problem(uid, own_uid_map):
+def admin_peer_problem(uid: int, own_uid_map: str) -> Optional[str]:
     """Why a peer with SO_PEERCRED ``uid`` may not ask for an ADMIN_ACTIONS operation, or None.
 
     Only uid 0 of the guest's own user namespace may: the kernel reports a peer's uid as seen
@@ -137,14 +146,14 @@ def admin_peer_problem(uid, own_uid_map):
     return None
 
 
-def check_pages_per_slot(value):
+def check_pages_per_slot(value: object) -> int:
     """pages_per_slot of the configuration: an integer of at least 1 (the slot's own page included)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError("pages_per_slot must be an integer of at least 1, not %r" % (value,))
     return value
 
 
-def admit_page(open_pages, cap, request_running):
+def admit_page(open_pages: int, cap: int, request_running: bool) -> bool:
     """Whether a page a slot's context just opened (a popup, window.open, target=_blank) may stay
     open: only while one of the slot's requests runs and while the slot has fewer than ``cap``
     pages open (``open_pages``, its own page included, the new one not). A page opened by a page

@@ -76,6 +76,8 @@ may have written there count (regular <name>.png files it owns).  A write that f
 OSError) leaves no temporary file behind and is answered with an error
 naming the screenshot's path (ShotNotSaved); the service goes on serving.
 """
+from __future__ import annotations
+
 import argparse
 import asyncio
 import concurrent.futures
@@ -91,11 +93,18 @@ import struct
 import sys
 import threading
 import time
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Set, Tuple,
+                    TypedDict, TypeVar, cast)
 
 from . import wire
 from .policy import (ADMIN_ACTIONS, FIELD_CHECKS, Refused, admin_peer_problem, admit_page, check_cell,
                      check_pages_per_slot, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
 from .protocol import BROWSER_ACTIONS, audit, handlers, known
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, BrowserContext, Page, Playwright
+
+_T = TypeVar("_T")
 
 DEFAULTS = {
     "socket": "/run/chv-browser/browser.sock",
@@ -133,7 +142,7 @@ DEFAULTS = {
 LOG_EVENT = "chv-browser"
 
 
-def load_config(path):
+def load_config(path: Optional[str]) -> wire.JSONObject:
     cfg = dict(DEFAULTS)
     if path:
         with open(path, encoding="utf-8") as fh:
@@ -141,7 +150,7 @@ def load_config(path):
     return cfg
 
 
-def config_problem(cfg):
+def config_problem(cfg: wire.JSONObject) -> Optional[str]:
     """What is wrong with the configuration's values that the service checks itself, or None."""
     for key in ("shots_keep", "shots_max_bytes", "max_requests_per_slot"):
         value = cfg.get(key)
@@ -154,12 +163,15 @@ def config_problem(cfg):
     return None
 
 
-def playwright_mismatch(expected, installed=lambda: importlib.metadata.version("playwright")):
+def playwright_mismatch(expected: str,
+                        installed: Callable[[], str] = lambda: importlib.metadata.version("playwright")
+                        ) -> Optional[str]:
     """Why the venv's Playwright is not the version the role installed
     (the configuration's playwright_version; empty: not pinned, no check),
     or None. A venv the role has not finished upgrading must not serve."""
     if not expected:
         return None
+    have: Optional[str]
     try:
         have = installed()
     except importlib.metadata.PackageNotFoundError:
@@ -169,7 +181,7 @@ def playwright_mismatch(expected, installed=lambda: importlib.metadata.version("
     return "Playwright %s is installed, the configuration expects %s" % (have or "(none)", expected)
 
 
-def _log(**fields):
+def _log(**fields: object) -> None:
     audit(sys.stderr, LOG_EVENT, **fields)
 
 
@@ -181,7 +193,7 @@ class ShotNotSaved(Exception):
     """Writing a screenshot failed (e.g. no space left); the message goes back to the cell."""
 
 
-def shot_error(exc, cell_path, host_dir):
+def shot_error(exc: OSError, cell_path: str, host_dir: str) -> str:
     """The reply's message for an OSError that kept a screenshot from being written."""
     if exc.errno == errno.ENOSPC:
         why = "no space left on device"
@@ -192,10 +204,10 @@ def shot_error(exc, cell_path, host_dir):
     return "screenshot %s not saved: %s (host directory %s)" % (cell_path, why, host_dir)
 
 
-def list_shots(directory):
+def list_shots(directory: str) -> List[Tuple[str, int, float]]:
     """(name, size, mtime) of the screenshots chv-browser wrote in ``directory``: the regular
     files it owns whose names it gives screenshots (policy.is_shot_file)."""
-    shots = []
+    shots: List[Tuple[str, int, float]] = []
     uid = os.geteuid()
     with os.scandir(directory) as entries:
         for entry in entries:
@@ -210,7 +222,7 @@ def list_shots(directory):
     return shots
 
 
-def _unlink_quietly(path):
+def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -228,6 +240,22 @@ CLOSE_TIMEOUT = 10.0
 # how much longer than request_timeout a connection thread waits for the loop before giving up on it:
 # the loop answers at the deadline itself, this only matters if the loop thread is stuck
 LOOP_GRACE = 30.0
+
+
+class SlotEntry(TypedDict):
+    """A slot's browser context (Engine.contexts)."""
+    context: BrowserContext
+    page: Page  # the slot's own page: the one every operation acts on
+    used: float  # time.monotonic() of its last request
+    cell: Optional[str]  # the cell incarnation it was made for
+    pages: Set[Page]  # its pages open, its own included
+    popups_closed: int  # pages it opened that were closed at once, since its last request ended
+
+
+class Turn(TypedDict):
+    """The request that holds a slot's lock: the cell incarnation it names, the slot's epoch it came in."""
+    cell: Optional[str]
+    epoch: int
 
 
 class Engine:
@@ -248,30 +276,30 @@ class Engine:
     thread locks.
     """
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: wire.JSONObject) -> None:
         self.cfg = cfg
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run_loop, name="playwright", daemon=True)
         # loop thread only from here on
-        self._pw = None
-        self._browser = None
-        self._launching = None  # the Task launching chromium, shared by every request waiting for it
-        self.contexts = {}  # slot -> {"context", "page", "used", "cell", "pages", "popups_closed"}
+        self._pw: Optional[Playwright] = None
+        self._browser: Optional[Browser] = None
+        self._launching: Optional[asyncio.Task[Browser]] = None  # the Task launching chromium, shared by every request waiting for it
+        self.contexts: Dict[str, SlotEntry] = {}  # slot -> SlotEntry
         # slot -> how many times a run of the slot was ended (end()): a request that arrived before
         # the last end belongs to an ended run and is refused
-        self._epochs = {}
+        self._epochs: Dict[str, int] = {}
         # slot -> {"cell", "epoch"} of the request that holds the slot's lock
-        self._turns = {}
+        self._turns: Dict[str, Turn] = {}
         # slot -> asyncio.Lock, kept for every slot name seen (the host's cells, so few and small)
-        self._locks = {}
-        self._chores = set()  # background tasks (context closes), referenced until they finish
-        self._reaper = None
+        self._locks: Dict[str, asyncio.Lock] = {}
+        self._chores: Set[asyncio.Task[None]] = set()  # background tasks (context closes), referenced until they finish
+        self._reaper: Optional[asyncio.Task[None]] = None
 
     # ------------------------------------------------------------ other threads
-    def start(self):
+    def start(self) -> None:
         self.thread.start()
 
-    def submit(self, op, slot, *args, cell=None):
+    def submit(self, op: Callable[..., Awaitable[_T]], slot: str, *args: str, cell: Optional[str] = None) -> _T:
         """Run ``op(slot, *args)`` on the loop, in turn with ``slot``'s other requests; return its result.
 
         ``cell`` is the identity of the cell incarnation the request is for (policy.check_cell;
@@ -291,7 +319,7 @@ class Engine:
             fut.cancel()
             raise DeadlineExceeded(self._deadline_message("the browser engine did not answer")) from None
 
-    def end(self, slot):
+    def end(self, slot: str) -> Dict[str, object]:
         """The run of ``slot``'s cell has ended (chv-cell's launcher says so, before the slot can be
         claimed again): close the slot's context (its pages, cookies, storage and cache) and remove
         its screenshots, at once, without waiting behind the slot's requests (one still running
@@ -303,7 +331,7 @@ class Engine:
             fut.cancel()
             raise DeadlineExceeded("the browser engine did not end slot %s in time" % slot) from None
 
-    def stop(self):
+    def stop(self) -> None:
         """Close every context, chromium and the driver, then end the loop thread (at most ~40 s)."""
         if not self.thread.is_alive():
             return
@@ -316,7 +344,7 @@ class Engine:
         self.thread.join(timeout=10)
 
     # ------------------------------------------------------------ loop thread
-    def _run_loop(self):
+    def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
         self._reaper = self.loop.create_task(self._reap_idle_forever())
         try:
@@ -330,11 +358,12 @@ class Engine:
                 self.loop.run_until_complete(asyncio.wait(pending, timeout=5))
             self.loop.close()
 
-    def _deadline_message(self, detail):
+    def _deadline_message(self, detail: str) -> str:
         return "deadline passed: no answer within request_timeout (%gs); %s" % (
             float(self.cfg["request_timeout"]), detail)
 
-    async def _request(self, op, slot, args, deadline, cell=None):
+    async def _request(self, op: Callable[..., Awaitable[_T]], slot: str, args: Sequence[str], deadline: float,
+                       cell: Optional[str] = None) -> _T:
         lock = self._locks.setdefault(slot, asyncio.Lock())
         epoch = self._epochs.get(slot, 0)
         try:
@@ -370,12 +399,12 @@ class Engine:
                     entry["used"] = time.monotonic()
                 lock.release()
 
-    def _background(self, coro):
+    def _background(self, coro: Coroutine[object, object, None]) -> None:
         task = self.loop.create_task(coro)
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
 
-    async def _ensure_browser(self):
+    async def _ensure_browser(self) -> Browser:
         if self._browser is not None and self._browser.is_connected():
             return self._browser
         if self._launching is None:
@@ -383,7 +412,7 @@ class Engine:
         # shielded: a request that runs out of time stops waiting, the launch goes on for the next one
         return await asyncio.shield(self._launching)
 
-    async def _launch(self):
+    async def _launch(self) -> Browser:
         try:
             from playwright.async_api import async_playwright
             if self._pw is None:
@@ -402,7 +431,7 @@ class Engine:
         finally:
             self._launching = None
 
-    async def _create_context(self, slot=None, cell=None):
+    async def _create_context(self, slot: str, cell: Optional[str] = None) -> SlotEntry:
         ctx = await (await self._ensure_browser()).new_context(
             accept_downloads=False, service_workers="block", viewport=self.cfg["viewport"])
         try:
@@ -412,13 +441,14 @@ class Engine:
         except BaseException:
             await self._close_context(ctx, None, "new_page failed")
             raise
+        entry: SlotEntry
         entry = {"context": ctx, "page": page, "used": time.monotonic(), "cell": cell,
                  "pages": {page}, "popups_closed": 0}
         # registered once the slot's own page exists: every page after it is one the page opened
         ctx.on("page", lambda new: self._on_page(slot, entry, new))
         return entry
 
-    def _on_page(self, slot, entry, page):
+    def _on_page(self, slot: str, entry: SlotEntry, page: Page) -> None:
         """A page of ``slot``'s context opened another page (a popup, window.open, target=_blank):
         keep it only while a request of the slot runs and the slot is below pages_per_slot
         (policy.admit_page); else close it at once and count it against the slot."""
@@ -428,21 +458,21 @@ class Engine:
             entry["pages"].add(page)
             pages = entry["pages"]
 
-            def forget(closed):  # a function: Playwright keeps attributes on its handlers
+            def forget(closed: Page) -> None:  # a function: Playwright keeps attributes on its handlers
                 pages.discard(closed)
             page.on("close", forget)
             return
         entry["popups_closed"] += 1
         self._background(self._close_page(page, slot))
 
-    async def _close_page(self, page, slot):
+    async def _close_page(self, page: Page, slot: str) -> None:
         try:
             await asyncio.wait_for(page.close(), CLOSE_TIMEOUT)
         except Exception as exc:  # the context or the browser may be gone already
             _log(slot=slot, action="close-page", verdict="error", reason="%s: %s" % (
                 type(exc).__name__, (str(exc).splitlines() or [""])[0][:200]))
 
-    async def _close_popups(self, slot):
+    async def _close_popups(self, slot: str) -> None:
         """The request that let the slot's pages open others ends: close every page of the slot
         but its own (operations act on that one only), and log how many were closed or refused."""
         entry = self.contexts.get(slot)
@@ -457,11 +487,11 @@ class Engine:
             _log(slot=slot, action="close-popups", verdict="closed", popups=len(extra) + refused,
                  over_cap=refused)
 
-    def _close_orphan(self, task):
+    def _close_orphan(self, task: asyncio.Task[SlotEntry]) -> None:
         if not task.cancelled() and task.exception() is None:
             self._background(self._close_context(task.result()["context"], None, "request gone"))
 
-    async def _page(self, slot, create):
+    async def _page(self, slot: str, create: bool) -> Page:
         entry = self.contexts.get(slot)
         if entry is None:
             if not create:
@@ -470,10 +500,11 @@ class Engine:
             # shielded: a deadline mid-creation must not leave a context in chromium that nobody owns
             task = self.loop.create_task(self._create_context(slot, turn["cell"]))
             try:
-                entry = await asyncio.shield(task)
+                created = await asyncio.shield(task)
             except asyncio.CancelledError:
                 task.add_done_callback(self._close_orphan)
                 raise
+            entry = created  # a name of its own: mypy would infer shield()'s result from entry's Optional
             if self._epochs.get(slot, 0) != turn["epoch"]:
                 # the slot's run ended while its context was being made: it never serves
                 await self._close_context(entry["context"], slot, "ended")
@@ -482,20 +513,20 @@ class Engine:
         entry["used"] = time.monotonic()
         return entry["page"]
 
-    async def _close_context(self, ctx, slot, why):
+    async def _close_context(self, ctx: BrowserContext, slot: Optional[str], why: str) -> None:
         try:
             await asyncio.wait_for(ctx.close(), CLOSE_TIMEOUT)
         except Exception as exc:  # the browser may already be gone
             _log(slot=slot, action="close", verdict="error", reason="%s (%s: %s)" % (
                 why, type(exc).__name__, (str(exc).splitlines() or [""])[0][:200]))
 
-    async def _close_slot(self, slot, why="close"):
+    async def _close_slot(self, slot: str, why: str = "close") -> bool:
         entry = self.contexts.pop(slot, None)
         if entry is not None:
             await self._close_context(entry["context"], slot, why)
         return entry is not None
 
-    async def _end(self, slot):
+    async def _end(self, slot: str) -> Dict[str, object]:
         self._epochs[slot] = self._epochs.get(slot, 0) + 1
         closed = await self._close_slot(slot, "end")
         shots = 0
@@ -508,14 +539,14 @@ class Engine:
             pass
         return {"context_closed": closed, "shots_removed": shots}
 
-    def _drop_slot(self, slot):
+    def _drop_slot(self, slot: str) -> bool:
         """Forget the slot's context now (its next request gets a new one) and close it in the background."""
         entry = self.contexts.pop(slot, None)
         if entry is not None:
             self._background(self._close_context(entry["context"], slot, "deadline"))
         return entry is not None
 
-    async def _reap_idle_forever(self):
+    async def _reap_idle_forever(self) -> None:
         every = min(10.0, max(0.5, self.cfg["idle_timeout"] / 4))
         while True:
             await asyncio.sleep(every)
@@ -524,7 +555,7 @@ class Engine:
             except Exception as exc:  # keep reaping
                 _log(action="close", verdict="error", reason="idle reaper: %s: %s" % (type(exc).__name__, exc))
 
-    async def _reap_idle(self):
+    async def _reap_idle(self) -> None:
         idle = self.cfg["idle_timeout"]
         for slot in list(self.contexts):
             entry, lock = self.contexts.get(slot), self._locks.get(slot)
@@ -537,7 +568,7 @@ class Engine:
                 await self._close_slot(slot)
                 _log(slot=slot, action="close", verdict="idle-timeout")
 
-    async def _shutdown(self):
+    async def _shutdown(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
         for slot in list(self.contexts):
@@ -551,7 +582,7 @@ class Engine:
             except Exception:  # best effort at exit
                 pass
 
-    async def _describe(self, page):
+    async def _describe(self, page: Page) -> Dict[str, object]:
         url = page.url
         if not url_allowed(url):
             # the page navigated itself somewhere we do not show (e.g. a data: URL)
@@ -565,7 +596,7 @@ class Engine:
         return {"title": await page.title(), "url": url, "aria_snapshot": text, "truncated": cut}
 
     # ------------------------------------------------------------ operations (loop thread, slot lock held)
-    async def op_open(self, slot, url):
+    async def op_open(self, slot: str, url: str) -> Dict[str, object]:
         page = await self._page(slot, create=True)
         for attempt in range(1, OPEN_ATTEMPTS + 1):
             try:
@@ -585,10 +616,10 @@ class Engine:
         out["status"] = resp.status if resp is not None else None
         return out
 
-    async def op_snapshot(self, slot):
+    async def op_snapshot(self, slot: str) -> Dict[str, object]:
         return await self._describe(await self._page(slot, create=False))
 
-    def _make_room(self, slot, directory, filename, incoming):
+    def _make_room(self, slot: str, directory: str, filename: str, incoming: int) -> None:
         """Remove the slot's oldest screenshots so that one of ``incoming`` bytes written as
         ``filename`` (replacing the one of that name, left out here) leaves the slot within its
         quota (policy.shots_to_prune). Errors are logged, not raised: the write decides the answer."""
@@ -602,7 +633,7 @@ class Engine:
             _log(slot=slot, action="screenshot", verdict="error",
                  reason="quota: %s not pruned: %s" % (victim, exc.strerror or type(exc).__name__))
 
-    async def op_screenshot(self, slot, name):
+    async def op_screenshot(self, slot: str, name: str) -> Dict[str, object]:
         page = await self._page(slot, create=False)
         if not url_allowed(page.url):
             raise Refused("nothing to capture: no http/https page is open")
@@ -634,33 +665,34 @@ class Engine:
             raise ShotNotSaved(shot_error(exc, cell_path, d)) from None
         return {"path": cell_path, "bytes": len(png)}
 
-    async def op_close(self, slot):
+    async def op_close(self, slot: str) -> Dict[str, object]:
         return {"closed": await self._close_slot(slot)}
 
 
-def cell_of(req):
+def cell_of(req: wire.JSONObject) -> Dict[str, str]:
     """Engine.submit's keyword for the cell incarnation a request names (policy.check_cell), if any."""
     cell = check_cell(req.get("cell"))
     return {} if cell is None else {"cell": cell}
 
 
 class Server:
-    def __init__(self, cfg, engine):
+    def __init__(self, cfg: wire.JSONObject, engine: Engine) -> None:
         self.cfg = cfg
         self.engine = engine
         self.actions = handlers(engine, BROWSER_ACTIONS)
         self._stop = threading.Event()
         self._busy = threading.Condition()
         self._inflight = 0  # connections being handled
-        per_slot = cfg.get("max_requests_per_slot", DEFAULTS["max_requests_per_slot"])
+        # the configuration's JSON values, as SlotQuota and global_cap check and convert them
+        per_slot = cast(int, cfg.get("max_requests_per_slot", DEFAULTS["max_requests_per_slot"]))
         self.requests = wire.SlotQuota("max_requests_per_slot", per_slot, "requests in flight")
-        slots = cfg.get("slots", 0) or wire.policy_slots(cfg.get("cell_policy", DEFAULTS["cell_policy"]))
-        self.max_connections = wire.global_cap(cfg.get("max_connections", DEFAULTS["max_connections"]),
+        slots = cfg.get("slots", 0) or wire.policy_slots(cast(str, cfg.get("cell_policy", DEFAULTS["cell_policy"])))
+        self.max_connections = wire.global_cap(cast(int, cfg.get("max_connections", DEFAULTS["max_connections"])),
                                                slots, per_slot)
 
-    def dispatch(self, req, conn=None):
+    def dispatch(self, req: wire.JSONObject, conn: Optional[socket.socket] = None) -> object:
         slot = check_slot(req.get("slot"))
-        action = req.get("action")
+        action: Any = req.get("action")  # whatever the client sent: known() decides
         if known(ADMIN_ACTIONS, action):  # never refused for capacity: a run's end must get through
             self.check_admin_peer(conn)
             return self.engine.end(slot)
@@ -673,7 +705,7 @@ class Server:
             return self.engine.submit(self.actions[action], slot, *args, **cell_of(req))
 
     @staticmethod
-    def check_admin_peer(conn, uid_map_path="/proc/self/uid_map"):
+    def check_admin_peer(conn: Optional[socket.socket], uid_map_path: str = "/proc/self/uid_map") -> None:
         """Refused unless the peer of ``conn`` is root of the guest's own user namespace
         (policy.admin_peer_problem): chv-cell's launcher, never a cell, never a peer we cannot see."""
         if conn is None:
@@ -689,7 +721,7 @@ class Server:
         if problem:
             raise Refused(problem)
 
-    def handle(self, conn):
+    def handle(self, conn: socket.socket) -> None:
         with self._busy:
             self._inflight += 1
         try:
@@ -699,14 +731,14 @@ class Server:
                 self._inflight -= 1
                 self._busy.notify_all()
 
-    def drain(self, timeout):
+    def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the connections being handled to get their replies."""
         with self._busy:
             return self._busy.wait_for(lambda: self._inflight == 0, timeout)
 
-    def _handle(self, conn):
+    def _handle(self, conn: socket.socket) -> None:
         t0 = time.monotonic()
-        fields = {"slot": None, "action": None, "verdict": "error"}
+        fields: Dict[str, object] = {"slot": None, "action": None, "verdict": "error"}
         with conn:
             try:
                 req = wire.parse_object(wire.read_line(conn, self.cfg["max_request_bytes"], self.cfg["read_timeout"]))
@@ -735,18 +767,18 @@ class Server:
         fields["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
         _log(**fields)
 
-    def serve(self, listener):
+    def serve(self, listener: socket.socket) -> None:
         busy = ("busy: chv-browser serves at most %d connections at once (max_connections); retry later"
                 % self.max_connections)
         wire.serve_connections(listener, self._stop, self.max_connections, self.handle, busy,
                                on_busy=lambda exc: _log(verdict="busy", quota=exc.quota, limit=exc.limit,
                                                         slot=exc.slot, duration_ms=0))
 
-    def stop(self, *_):
+    def stop(self, *_: object) -> None:
         self._stop.set()
 
 
-def bind_socket(cfg):
+def bind_socket(cfg: wire.JSONObject) -> socket.socket:
     """Listen on cfg["socket"]: bound under a temporary name, given its mode
     and group, listening, then renamed into place, so that the path exists
     only once it accepts connections (a client that sees it never gets
@@ -776,7 +808,7 @@ def bind_socket(cfg):
     return s
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="chv-browser")
     ap.add_argument("--config", default="/etc/chv-fleet/browser.json")
     args = ap.parse_args(argv)

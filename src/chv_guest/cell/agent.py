@@ -305,7 +305,7 @@ def split_top(args):
 def agent_path():
     """``chv-cell-agent`` in the directory that holds this package, which is
     the directory of the running ``chv-cell`` (/usr/lib/chv-fleet)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), AGENT_NAME)
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), AGENT_NAME)
 
 
 def sudo_argv(agent, agent_args, sudo=SUDO, status_fd=None):

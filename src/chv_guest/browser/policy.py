@@ -2,7 +2,7 @@
 import re
 from urllib.parse import urlsplit
 
-from .protocol import URL_SCHEMES
+from ..wire.protocol import URL_SCHEMES
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SLOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

@@ -92,10 +92,10 @@ import sys
 import threading
 import time
 
-from . import wire
+from ..wire import wire
 from .policy import (ADMIN_ACTIONS, FIELD_CHECKS, Refused, admin_peer_problem, admit_page, check_cell,
                      check_pages_per_slot, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
-from .protocol import BROWSER_ACTIONS, audit, handlers, known
+from ..wire.protocol import BROWSER_ACTIONS, audit, handlers, known
 
 DEFAULTS = {
     "socket": "/run/chv-browser/browser.sock",

@@ -18,7 +18,7 @@ from ..wire import wire
 from .freeze import Freezer, FreezeError, thaw_all
 from .peer import PeerChecker, PeerRejected, incarnation
 from ..wire.protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
-                       url_scheme_allowed)
+                             url_scheme_allowed)
 from .syncrun import HOSTS_VAR, jail_plan, parse_host_entry
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,14 +1,13 @@
 """Regenerate the catalog table of docs/isolation-cases.md from the code
-(roles/cell_runtime/files/chv_cell/counterproof.py); the unit test
-tests/unit/cell_runtime/test_audit.py fails while the two differ."""
+(src/chv_guest/cell/counterproof.py); the unit test
+tests/unit/cell_runtime/test_audit.py fails while the two differ. Run with
+src/ on PYTHONPATH, as the tests import it (pytest.ini)."""
 
 import os
-import sys
+
+from chv_guest.cell import counterproof
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "roles", "cell_runtime", "files"))
-
-from chv_cell import counterproof  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "isolation-cases.md")
 START, END = "## The catalog\n\n", "\n## Counter-proofs\n"

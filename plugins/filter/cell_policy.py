@@ -2,9 +2,10 @@
 # Copyright: chv.fleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The cell policy checked on the controller, before any change, by the
-launcher's own validator (``chv_cell.policy.validate``, shipped in the
-cell_runtime role's files), so the capability names, the protected paths
-and every other rule have one home: the launcher.
+launcher's own validator (``chv_guest.cell.policy.validate``, in the
+collection's src/, imported as any module of the collection), so the
+capability names, the protected paths and every other rule have one home:
+the launcher.
 
 Documentation lives beside this file (cell_policy_errors.yml), as
 ansible-core 2.19 expects."""
@@ -12,47 +13,18 @@ ansible-core 2.19 expects."""
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
-import importlib
-import importlib.util
 import json
-import os
 import re
-import sys
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.chv.fleet.plugins.filter.spec_errors import show
+from ansible_collections.chv.fleet.src.chv_guest.cell import policy as launcher_policy
 
-# The launcher package, relative to this file in the collection.
-LAUNCHER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
-                            'roles', 'cell_runtime', 'files', 'chv_cell')
-_PACKAGE = 'ansible_collections_chv_fleet_launcher'
 # Policy keys the role fixes itself (no role variable sets them).
 FIXED_KEYS = ('version', 'state_dir', 'no_new_privileges', 'nspawn', 'systemd_run', 'ip', 'nsenter', 'nft', 'python',
               'nspawn_environment', 'slots', 'platform', 'sandbox_exec', 'pfctl', 'pf_anchor')
 # "key: ..." or "key[3]: ..." at the start of a validator message
 _KEY_RE = re.compile(r'^([a-z_]+)((?:\[\d+\])?)(:| )')
-
-
-def launcher_policy():
-    """The launcher's policy module (``chv_cell.policy``)."""
-    return launcher_module('policy')
-
-
-def launcher_module(module):
-    """A module of the launcher package (``chv_cell.<module>``), the package
-    imported once from the role's files under a private package name."""
-    name = _PACKAGE + '.' + module
-    if _PACKAGE not in sys.modules:
-        init = os.path.join(LAUNCHER_DIR, '__init__.py')
-        spec = importlib.util.spec_from_file_location(_PACKAGE, init,
-                                                      submodule_search_locations=[LAUNCHER_DIR])
-        if spec is None or not os.path.exists(init):
-            raise AnsibleFilterError('chv.fleet.cell_policy_errors: the launcher package is missing at %s'
-                                     % os.path.normpath(LAUNCHER_DIR))
-        package = importlib.util.module_from_spec(spec)
-        sys.modules[_PACKAGE] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(name)
 
 
 def _is_under(path, root):
@@ -96,7 +68,7 @@ def cell_policy_errors(policy, var_prefix='chv_cell_'):
                                  % type(policy).__name__)
     plain = json.loads(json.dumps(policy))  # what the launcher reads: the rendered JSON
     errors = []
-    for message in launcher_policy().validate(plain):
+    for message in launcher_policy.validate(plain):
         match = _KEY_RE.match(message)
         key = match.group(1) if match else None
         if key == 'slots' or message.startswith('slots['):

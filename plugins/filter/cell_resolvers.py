@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The resolvers the chv-cell launcher hands cells when the cell policy
 names none (``chv_cell_dns_servers`` empty), from the guest's files, by the
-launcher's own rule (``chv_cell.resolver.effective_upstream``, shipped in
-the cell_runtime role's files): the cell_nat role puts them in the
+launcher's own rule (``chv_guest.cell.resolver.effective_upstream``, in
+the collection's src/): the cell_nat role puts them in the
 ruleset's ``dns_resolvers`` set, so that a resolver on a private address
 (10.x or 192.168.x from DHCP) still answers cells, on tcp/udp 53 only,
 while the rest of its range stays denied.
@@ -18,7 +18,7 @@ __metaclass__ = type
 import ipaddress
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.chv.fleet.plugins.filter.cell_policy import launcher_module
+from ansible_collections.chv.fleet.src.chv_guest.cell import resolver
 
 
 def cell_resolvers(resolv_conf, resolved_conf=''):
@@ -31,7 +31,6 @@ def cell_resolvers(resolv_conf, resolved_conf=''):
         if value is not None and not isinstance(value, str):
             raise AnsibleFilterError('chv.fleet.cell_resolvers: %s must be the text of a resolv.conf, got %s'
                                      % (name, type(value).__name__))
-    resolver = launcher_module('resolver')
     try:
         servers, _search = resolver.effective_upstream(resolv_conf or '', resolved_conf or None)
     except resolver.ResolverError:

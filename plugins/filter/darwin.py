@@ -5,8 +5,8 @@
 slot and the pf anchor's rules, each computed by the one pure function the
 tests import too: the slot users from the identity rules of
 module_utils/cell_identity.py, the profile from the launcher's
-``chv_cell.seatbelt`` (shipped in the cell_runtime role's files, imported
-as chv.fleet.cell_policy_errors imports the launcher's validator), the pf
+``chv_guest.cell.seatbelt`` (the collection's src/, imported as
+chv.fleet.cell_policy_errors imports the launcher's validator), the pf
 rules from module_utils/pf_anchor.py.
 
 Documentation lives beside this file (darwin_slots.yml,
@@ -18,7 +18,6 @@ __metaclass__ = type
 import re
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.chv.fleet.plugins.filter.cell_policy import launcher_module
 from ansible_collections.chv.fleet.plugins.module_utils.cell_identity import (
     UID_PER_SLOT_MIN,
     UID_RANGE_SIZE,
@@ -27,6 +26,7 @@ from ansible_collections.chv.fleet.plugins.module_utils.cell_identity import (
 )
 from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import CellNatError
 from ansible_collections.chv.fleet.plugins.module_utils.pf_anchor import anchor_rules, check_egress
+from ansible_collections.chv.fleet.src.chv_guest.cell import seatbelt
 
 _USER_RE = re.compile(r'^_[a-z0-9_-]{1,31}$')
 
@@ -62,7 +62,6 @@ def seatbelt_profile(policy, slot):
         if not found:
             raise AnsibleFilterError('chv.fleet.seatbelt_profile: no slot %r in the policy' % slot)
         slot = found[0]
-    seatbelt = launcher_module('seatbelt')
     try:
         return seatbelt.profile(policy, slot)
     except (KeyError, ValueError) as exc:

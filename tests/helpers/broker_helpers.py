@@ -15,11 +15,10 @@ import time
 
 import pytest
 
-from testpaths import BROKER_FILES as FILES
+from testpaths import SRC
 
-sys.path.insert(0, FILES)
-
-from chv_broker import server, wire  # noqa: E402
+from chv_guest.broker import server
+from chv_guest.wire import wire
 
 CELL_UID = 100000
 # the sync worker runs as a cell uid: it needs an interpreter outside /root (pyenv lives there)
@@ -55,7 +54,7 @@ class CellCgroup:
     scratch parent of its own: chv-broker freezes it while the slot's sync runs (freeze.py)."""
 
     def __init__(self, slot, pids=()):
-        from chv_broker.freeze import cgroup2_root  # pylint: disable=import-outside-toplevel
+        from chv_guest.broker.freeze import cgroup2_root  # pylint: disable=import-outside-toplevel
         self.root = cgroup2_root()
         assert self.root, "no cgroup2 hierarchy mounted"
         self.parent = os.path.join(self.root, "chv-broker-test-%d-%s" % (os.getpid(), os.urandom(4).hex()))
@@ -143,7 +142,7 @@ def other_ns():
     c.close()
 
 
-CLIENT = os.path.join(FILES, "chv_broker", "client.py")
+CLIENT = os.path.join(SRC, "chv_guest", "broker", "client.py")
 
 
 def client_argv(sock, request):
@@ -168,7 +167,7 @@ class BrokerProc:
     def start(self):
         fd = self.listener.fileno()
         code = ("import os, sys; sys.path.insert(0, %r); os.environ['LISTEN_PID'] = str(os.getpid()); "
-                "from chv_broker.server import main; sys.exit(main(['--config', %r]))") % (FILES, self.config_path)
+                "from chv_guest.broker.server import main; sys.exit(main(['--config', %r]))") % (SRC, self.config_path)
 
         def to_fd3():
             os.dup2(fd, 3)

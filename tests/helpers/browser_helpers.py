@@ -21,12 +21,10 @@ import time
 
 import pytest
 
-from testpaths import BROWSER_FILES as FILES
+from testpaths import SRC
 
-sys.path.insert(0, FILES)
-
-from chv_browser import server as _server  # noqa: E402
-from chv_browser import wire  # noqa: E402
+from chv_guest.browser import server as _server
+from chv_guest.wire import wire
 
 
 class Recorder(_server.Engine):
@@ -172,8 +170,8 @@ class BrowserProc:
         with open(self.config, "w") as fh:
             json.dump(self.cfg, fh)
         self.log = os.path.join(root, "browser.log")
-        code = "import sys; sys.path.insert(0, %r); from chv_browser.server import main; sys.exit(main(['--config', %r]))" % (
-            FILES, self.config)
+        code = "import sys; sys.path.insert(0, %r); from chv_guest.browser.server import main; sys.exit(main(['--config', %r]))" % (
+            SRC, self.config)
         env = {"PATH": "/usr/bin:/bin", "HOME": os.path.join(root, "home"),
                "PLAYWRIGHT_BROWSERS_PATH": os.path.join(root, "no-browsers")}
         with open(self.log, "ab") as err:

@@ -1,19 +1,14 @@
-"""Make the launcher package (roles/cell_runtime/files/chv_cell) importable
-and provide a small, valid policy for the tests (fixtures:
-tests/unit/cell_runtime/conftest.py)."""
+"""A small, valid policy for the launcher's tests and the entry point
+(src/chv-cell) they run (fixtures: tests/unit/cell_runtime/conftest.py)."""
 
 import os
 import shutil
-import sys
 
 import pytest
 
-from testpaths import LAUNCHER_FILES as FILES
+from testpaths import SRC
 
-if FILES not in sys.path:
-    sys.path.insert(0, FILES)
-
-ENTRY = os.path.join(FILES, "chv-cell")
+ENTRY = os.path.join(SRC, "chv-cell")
 
 
 def make_slot(i, base=10, uid_base=None, host_prefix="lth"):

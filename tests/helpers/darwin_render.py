@@ -16,7 +16,7 @@ import yaml
 
 import cellrt  # noqa: F401  # pylint: disable=unused-import  (puts the launcher package on sys.path)
 from ansible_collections.chv.fleet.plugins.filter.darwin import darwin_slots, pf_anchor_rules, seatbelt_profile
-from chv_cell import policy as policymod
+from chv_guest.cell import policy as policymod
 from testpaths import ROOT
 
 

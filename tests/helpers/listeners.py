@@ -4,9 +4,7 @@ checks (tests/integration/cells and molecule/shared/tests)."""
 import socket
 import threading
 
-# cellrt puts the launcher's package on the path
-from cellrt import FILES  # noqa: F401  # pylint: disable=unused-import
-from chv_cell import audit
+from chv_guest.cell import audit
 
 IP_FREEBIND = 15
 

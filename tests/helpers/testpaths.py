@@ -3,9 +3,9 @@
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAUNCHER_FILES = os.path.join(ROOT, "roles", "cell_runtime", "files")
-BROKER_FILES = os.path.join(ROOT, "roles", "broker", "files")
-BROWSER_FILES = os.path.join(ROOT, "roles", "browser", "files")
+# The guest-side programs: the chv_guest package and the chv-cell entry points
+# (on sys.path as pytest.ini's pythonpath; subprocesses are given it).
+SRC = os.path.join(ROOT, "src")
 # Scripts the tests run inside cells and network namespaces (never imported).
 # The test lab: an internal collection (chv.fleet_lab) kept out of the released one.
 LAB_COLLECTION = os.path.join(ROOT, "lab")

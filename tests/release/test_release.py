@@ -2,10 +2,13 @@
 
 `ansible-galaxy collection build` of this checkout, then:
 - the tarball's members: LICENSE, operator content only (no tests, Molecule,
-  benchmarks, helper scripts, tool configuration or the test lab);
+  benchmarks, helper scripts, tool configuration or the test lab), the
+  guest-side programs the roles install (src/) among it;
 - installed into an empty collections path: ansible-doc lists exactly the
   roles and plugins of the repository's operator content, and
   chv.fleet.site passes --syntax-check;
+- installed, the roles' filters import the launcher from the collection's
+  src/ and find each role's part of it there (chv.fleet.guest_tree);
 - the execution environment: `ansible-builder create` with
   docs/examples/execution-environment holds the collection, and the
   context's own introspection (the script the image build runs) finds the
@@ -34,11 +37,11 @@ EE_EXAMPLE = os.path.join(ROOT, "docs", "examples", "execution-environment")
 
 # Top-level entries of the tarball: operator content, and nothing else.
 SHIPPED_TOP = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG.rst", "site.yml", "remove.yml",
-               "requirements.txt", "bindep.txt", "meta", "playbooks", "roles", "plugins", "docs", "changelogs"}
+               "requirements.txt", "bindep.txt", "meta", "playbooks", "roles", "plugins", "docs", "changelogs", "src"}
 # What must never ship, named (a second look beside the allow-list above).
 NEVER = ("tests/", "molecule/", "bench/", "hack/", "lab/", ".config/", ".ci/", "requirements/",
          "roles/lab/", "plugins/modules/lab_", "plugins/module_utils/lab.py", "playbooks/lab_",
-         ".ansible-lint", "mypy.ini", "changelogs/fragments/", "Makefile")
+         ".ansible-lint", "mypy.ini", "changelogs/fragments/", "Makefile", "pytest.ini")
 
 
 def run(cmd, env=None, cwd="/tmp"):
@@ -106,6 +109,16 @@ def test_the_tarball_holds_the_license_and_operator_content_only(tarball):
                    "requirements.txt", "roles/cell_runtime/tasks/main.yml", "plugins/modules/cell_identity.py",
                    "CHANGELOG.rst", "changelogs/changelog.yaml"):
         assert needed in names, needed
+    # the code the roles install on the guests: every file of src/ (no __pycache__)
+    source = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _dirs, files in os.walk(os.path.join(ROOT, "src"))
+                    if "__pycache__" not in d for f in files)
+    assert "src/chv_guest/cell/policy.py" in source and "src/chv-cell" in source
+    assert sorted(n for n in names if n.startswith("src/") and tarfile_is_file(tarball, n)) == source
+
+
+def tarfile_is_file(tarball, name):
+    with tarfile.open(tarball) as tar:
+        return tar.getmember(name).isfile()
 
 
 def repo_plugins(kind):
@@ -138,6 +151,47 @@ def test_the_installed_site_playbook_passes_syntax_check(installed):
     _, env = installed
     run([os.path.join(BIN, "ansible-playbook"), "chv.fleet.site", "--syntax-check", "-i", "localhost,"], env=env)
     run([os.path.join(BIN, "ansible-playbook"), "chv.fleet.remove", "--syntax-check", "-i", "localhost,"], env=env)
+
+
+GUEST_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.copy:
+        dest: "{{ out }}"
+        content: "{{ {'errors': {'version': 1, 'workspace_root': 'relative'} | chv.fleet.cell_policy_errors,
+                      'resolvers': 'nameserver 192.0.2.53' | chv.fleet.cell_resolvers,
+                      'trees': ['cell_runtime', 'broker', 'browser']
+                               | map('chv.fleet.guest_tree', '/usr/lib/chv-fleet') | list} | to_json }}"
+      delegate_to: localhost
+"""
+
+
+def test_the_installed_roles_find_the_guest_tree_in_the_collection(installed, tmp_path):
+    """From the tarball installed, nothing of the checkout: the launcher's validator and
+    resolver rule import from the installed src/, and each role's part of src/ is found
+    there, every file with its name on the guest."""
+    path, env = installed
+    play, out = tmp_path / "play.yml", tmp_path / "out.json"
+    play.write_text(GUEST_PLAY)
+    run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play), "-e", "out=%s" % out,
+         "-e", "ansible_python_interpreter=%s" % sys.executable], env=env)
+    got = json.loads(out.read_text())
+    assert any(e.startswith("chv_cell_workspace_root: 'relative' must be") for e in got["errors"]), got["errors"]
+    assert got["resolvers"] == ["192.0.2.53"]
+    coll = path / "ansible_collections" / "chv" / "fleet"
+    for role, tree in zip(("cell_runtime", "broker", "browser"), got["trees"]):
+        assert tree["sources"], role
+        for source in tree["sources"]:
+            assert source["src"] == str(coll / "src" / source["name"]), source
+            assert os.path.isfile(source["src"]), source
+        assert tree["dirs"][0] == "/usr/lib/chv-fleet/chv_guest"
+    names = {role: {s["name"] for s in tree["sources"]} for role, tree in zip(("cell_runtime", "broker", "browser"),
+                                                                           got["trees"])}
+    assert "chv_guest/wire/wire.py" in names["broker"] & names["browser"]
+    assert not any(n.startswith("chv_guest/browser/") for n in names["broker"])
+    assert not any(n.startswith(("chv_guest/broker/", "chv_guest/wire/")) for n in names["cell_runtime"])
+    assert set(got["trees"][0]["scripts"]) == {"chv-cell", "chv-cell-agent"}
 
 
 def test_the_execution_environment_context_holds_the_collection_and_its_controller_needs(tarball, tmp_path):

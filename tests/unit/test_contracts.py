@@ -32,14 +32,10 @@ from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
 from testpaths import LAB_ROLE, ROOT
 
 ROLES = os.path.join(ROOT, "roles")
-for _role in ("cell_runtime", "broker", "browser"):
-    _files = os.path.join(ROLES, _role, "files")
-    if _files not in sys.path:
-        sys.path.insert(0, _files)
 
-from chv_broker import server as broker_server  # noqa: E402
-from chv_browser import policy as browser_policy  # noqa: E402
-from chv_cell import policy as cell_policy  # noqa: E402
+from chv_guest.broker import server as broker_server  # noqa: E402
+from chv_guest.browser import policy as browser_policy  # noqa: E402
+from chv_guest.cell import policy as cell_policy  # noqa: E402
 
 
 def yaml_file(path):
@@ -333,7 +329,7 @@ def browser_and_broker_install_paths():
     paths = {
         "chv_browser_home": browser["chv_browser_home"],
         "chv_browser_venv": browser["chv_browser_venv"],
-        "chv_browser code": browser["chv_browser_install_dir"] + "/chv_browser",
+        "chv_browser code": browser["chv_browser_install_dir"] + "/chv_guest/browser",
         "chv-browser entry point": browser["chv_browser_install_dir"] + "/chv-browser",
         "chv_browser_state_dir": browser["chv_browser_state_dir"],
         "chv-browser runtime dir": os.path.dirname(browser["chv_browser_socket_path"]),

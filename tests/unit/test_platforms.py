@@ -245,7 +245,7 @@ def test_the_entry_points_get_the_platforms_python_and_debian_the_same_bytes():
         pattern, replacement = re.search(r"regex_replace\('([^']+)', '([^']+)' ~ __cell_runtime_commands.python\)",
                                          entry["content"]).groups()
         name = os.path.basename(entry["dest"].split("}}")[-1])
-        with open(os.path.join(ROOT, "roles", "cell_runtime", "files", name), encoding="utf-8") as fh:
+        with open(os.path.join(ROOT, "src", name), encoding="utf-8") as fh:
             text = fh.read()
         assert re.sub(pattern, replacement + python, text) == text
         other = re.sub(pattern, replacement + "/opt/py/bin/python3", text)

@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 import broker_helpers  # noqa: F401  # pylint: disable=unused-import  # puts chv_broker on sys.path
 from browser_helpers import Recorder
 from cellrt import BASE_POLICY
-from chv_broker import protocol as bprotocol
-from chv_broker import server as bserver
-from chv_broker import wire as bwire
-from chv_browser import policy as bpolicy
-from chv_browser import server as wserver
-from chv_cell import policy as policymod
+from chv_guest.wire import protocol as bprotocol
+from chv_guest.broker import server as bserver
+from chv_guest.wire import wire as bwire
+from chv_guest.browser import policy as bpolicy
+from chv_guest.browser import server as wserver
+from chv_guest.cell import policy as policymod
 from testpaths import ROOT
 
 EXAMPLES = int(os.environ.get("CHV_FUZZ_EXAMPLES", "3400"))

@@ -7,8 +7,7 @@ import os
 import socket
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "roles", "cell_runtime", "files"))
-from chv_cell.audit import Listener  # noqa: E402  # pylint: disable=wrong-import-position
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src"))
+from chv_guest.cell.audit import Listener  # noqa: E402  # pylint: disable=wrong-import-position
 
 Listener._answer(socket.socket(fileno=0))  # pylint: disable=protected-access

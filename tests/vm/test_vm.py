@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="qemu guests and their
 BIN = os.path.dirname(sys.executable)
 LEDGER = "/var/lib/chv-fleet/identities.json"
 POLICY = "/etc/chv-fleet/cell-policy.json"
-CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
+CLIENT = "/usr/lib/chv-fleet/chv_guest/broker/client.py"
 PLAYWRIGHT = "1.65.2"  # lab/roles/lab/defaults/main.yml lab_playwright_version: the wheels the lab downloaded
 EXIT_SETUP = 125  # chv-cell: the cell did not start
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "helpers"
 from playbook_output import recap  # noqa: E402 (tests/helpers, on the path above)
 from skipgate import pytest_runtest_makereport  # noqa: E402,F401 (the hook: no green on skips under CI=true)
 
-CLIENT = "/usr/lib/chv-fleet/chv_broker/client.py"
+CLIENT = "/usr/lib/chv-fleet/chv_guest/broker/client.py"
 LAB_ROOT = Path(os.environ.get("LAB_ROOT", "/var/lib/chv-fleet-lab"))
 # molecule/: one directory per scenario (its molecule.yml)
 SCENARIOS = Path(__file__).resolve().parents[2]

@@ -123,7 +123,7 @@ def test_playwright_and_chromium_are_not_reachable_from_a_cell(host):
              "try:\n    import playwright\n    print('playwright imported')\n"
              "except ImportError as e:\n    print('import', type(e).__name__)\n"
              "for p in ('/opt/chv-browser/venv/bin/python', '/usr/bin/chromium', '/usr/lib/chromium/chromium',\n"
-             "          '/usr/lib/chv-fleet/chv_browser/server.py'):\n"
+             "          '/usr/lib/chv-fleet/chv_guest/browser/server.py'):\n"
              "    try:\n        open(p, 'rb').close(); print(p, 'readable')\n"
              "    except OSError as e:\n        print(p, e.strerror)\n")
     r = in_cell(host, "slot0", ["python3", "-c", probe])

@@ -29,7 +29,7 @@ os.makedirs(a.codex_home, exist_ok=True)
 if a.mark:
     open(os.path.join(a.codex_home, a.mark), "w").write(a.mark)
 time.sleep(a.hold)
-client = "/usr/lib/chv-fleet/chv_broker/client.py"
+client = "/usr/lib/chv-fleet/chv_guest/broker/client.py"
 def broker(req):
     r = subprocess.run([sys.executable, client, json.dumps(req)], capture_output=True, text=True)
     return json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"rc": r.returncode, "err": r.stderr}

@@ -107,7 +107,7 @@ def test_a_health_gate_failure_in_the_second_batch_stops_the_rollout_before_the_
     assert "[guest-c]" not in deployed and "[build-1]" not in deployed, deployed[-4000:]
     # control: with guest-b's broker back, the gate's own command on guest-b (as site.yml runs it) passes
     with b.sudo():
-        gate = b.run("chv-cell health --broker-client /usr/lib/chv-fleet/chv_broker/client.py "
+        gate = b.run("chv-cell health --broker-client /usr/lib/chv-fleet/chv_guest/broker/client.py "
                      "--unit chv-cell-nat.service --unit chv-broker.socket --unit chv-browser.service")
     assert gate.rc == 0 and "broker ping" in gate.stdout, gate
 

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,15 +55,24 @@ def test_install_path_installed_what_the_image_lacked(host):
     assert (installed >= boot) == minimal, (line, boot)
 
 
-# The roles install their Python packages by a glob over <role>/files/<pkg>/*.py:
-# every module of the checkout, with the same bytes (links followed: chv_browser's
-# wire.py and protocol.py are the broker's), as regular root-owned files, a
-# script (first line "#!") executable. A module the copy missed would only show
-# as an ImportError on the guest.
+# The roles install their parts of src/chv_guest (chv.fleet.guest_tree: the
+# *.py of each package directory GUEST_TREE names for the role): every module
+# of the checkout, with the same bytes, as regular root-owned files, a script
+# (first line "#!") executable; the directories of earlier releases are gone.
+# A module the copy missed would only show as an ImportError on the guest.
 REPO = Path(__file__).parents[3]
 PACKAGES = [("cell_runtime", "chv_cell_lib_dir", "chv_cell"),
             ("broker", "chv_broker_install_dir", "chv_broker"),
             ("browser", "chv_browser_install_dir", "chv_browser")]
+
+
+def guest_tree():
+    """GUEST_TREE, imported as the collection's filter (the collections path make exports)."""
+    for path in os.environ.get("ANSIBLE_COLLECTIONS_PATH", "").split(os.pathsep):
+        if path and path not in sys.path:
+            sys.path.append(path)
+    from ansible_collections.chv.fleet.plugins.filter.package_sync import GUEST_TREE  # pylint: disable=import-outside-toplevel
+    return GUEST_TREE
 GUEST_LISTING = (
     "import hashlib, json, os, stat, sys\n"
     "d = sys.argv[1]\n"
@@ -76,15 +86,19 @@ GUEST_LISTING = (
     "print(json.dumps(out))\n")
 
 
-@pytest.mark.parametrize("role,dir_var,package", PACKAGES, ids=[p[2] for p in PACKAGES])
-def test_every_module_of_the_package_is_installed(host, role, dir_var, package):
+@pytest.mark.parametrize("role,dir_var,retired", PACKAGES, ids=[p[0] for p in PACKAGES])
+def test_every_module_of_the_package_is_installed(host, role, dir_var, retired):
     install_dir = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())[dir_var]
-    expected = {}
-    for src in sorted((REPO / "roles" / role / "files" / package).glob("*.py")):
-        content = src.read_bytes()
-        expected[src.name] = [hashlib.sha256(content).hexdigest(), True,
-                              "0o755" if content.startswith(b"#!") else "0o644", 0, 0]
-    assert "__init__.py" in expected and len(expected) >= 3, expected  # the controller side is the package
-    guest = json.loads(host.check_output("python3 -I -c %s %s", GUEST_LISTING, "%s/%s" % (install_dir, package)))
-    assert sorted(guest) == sorted(expected)
-    assert guest == expected
+    tree = guest_tree()[role]
+    assert tuple(tree["retired"]) == (retired,)
+    for package in tree["packages"]:
+        expected = {}
+        for src in sorted((REPO / "src" / package).glob("*.py")):
+            content = src.read_bytes()
+            expected[src.name] = [hashlib.sha256(content).hexdigest(), True,
+                                  "0o755" if content.startswith(b"#!") else "0o644", 0, 0]
+        assert "__init__.py" in expected, (package, expected)
+        guest = json.loads(host.check_output("python3 -I -c %s %s", GUEST_LISTING, "%s/%s" % (install_dir, package)))
+        assert sorted(guest) == sorted(expected), package
+        assert guest == expected, package
+    assert not host.file("%s/%s" % (install_dir, retired)).exists  # an earlier release's directory

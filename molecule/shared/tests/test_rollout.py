@@ -72,7 +72,7 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
     short bound, the host fails as not drained and the code and the service are as they
     were; with a long bound, the run waits and changes the code only after the cell has
     ended (its last act is to write the time)."""
-    module = "/usr/lib/chv-fleet/chv_broker/server.py"
+    module = "/usr/lib/chv-fleet/chv_guest/broker/server.py"
     ended = "/run/chv-molecule-drain-ended"
     # the cell's payload waits for a trigger file the guest drops into its workspace
     cell = ("systemd-run --unit=chv-molecule-drain --collect sh -c "

@@ -79,7 +79,7 @@ def test_stale_and_forged_records_do_not_admit(env, broker_proc, cell):
 
 
 def test_match_cell_is_pure():
-    from chv_broker.peer import PeerRejected, match_cell
+    from chv_guest.broker.peer import PeerRejected, match_cell
     cells = [{"slot": "a", "pid": 10, "uid_base": 1000, "uid_size": 10},
              {"slot": "b", "pid": 20, "uid_base": 2000, "uid_size": 10}]
     ns = {10: "pid:[1]", 20: "pid:[2]", 99: "pid:[2]", 98: "pid:[3]"}.__getitem__

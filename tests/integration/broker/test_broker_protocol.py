@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker_helpers import BrokerProc, client_argv, client_env, needs_root, write_record, wire
-from chv_broker import peer
+from chv_guest.broker import peer
 
 pytestmark = needs_root
 

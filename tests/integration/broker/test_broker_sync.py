@@ -137,7 +137,7 @@ def test_pull_uses_only_broker_credentials(workspaces, slot_inproc, env):
 
 
 def test_credential_helper_lookup():
-    from chv_broker import credential
+    from chv_guest.broker import credential
     text = "# comment\nhttps://bot:s%40cret@git.example.org\nhttps://other:x@example.com:8443\n"
     assert credential.lookup(text, "https", "git.example.org") == ("bot", "s@cret")
     assert credential.lookup(text, "https", "example.com:8443") == ("other", "x")
@@ -152,10 +152,10 @@ def test_credentials_reach_the_helper_and_never_the_file(workspaces, slot_inproc
         fh.write("https://bot:tok@git.example.org\n")
     os.chmod(cred, 0o600)
     slot_inproc.cfg["sync"]["credentials_file"] = cred
-    from broker_helpers import FILES, SYNC_PYTHON
+    from broker_helpers import SRC, SYNC_PYTHON
     slot_inproc.cfg["sync"]["commands"] = {"status": [
         "sh", "-c", 'printf "protocol=https\\nhost=git.example.org\\n\\n" | %s -I %s get'
-        % (SYNC_PYTHON, os.path.join(FILES, "chv_broker", "credential.py"))]}
+        % (SYNC_PYTHON, os.path.join(SRC, "chv_guest", "broker", "credential.py"))]}
     rep = slot_inproc.call({"op": "sync", "action": "status", "repo": "repo"})
     # a command that is not git contacts no remote git could name: it gets no credential at all
     # (git gets the line of its checked remote: test_sync_race.py::test_git_gets_only_the_credential_of_its_remote)
@@ -181,7 +181,7 @@ def test_sync_from_a_real_cell_for_another_slot_is_refused(workspaces, broker_pr
 
 def test_confine_directly(scratch):
     """confine() itself refuses escapes (prepare() re-checks the pinned cwd as a second guard)."""
-    from chv_broker.syncrun import Rejected, confine
+    from chv_guest.broker.syncrun import Rejected, confine
     ws = os.path.join(scratch, "ws")
     os.makedirs(os.path.join(ws, "repo"))
     os.makedirs(os.path.join(scratch, "other"))
@@ -196,10 +196,10 @@ def test_confine_directly(scratch):
 
 
 def test_sync_unit_argv_sandboxes_and_drops_to_the_owner():
-    from chv_broker import server
+    from chv_guest.broker import server
     scfg = server.merge(server.DEFAULTS, {})["sync"]
     scfg["unit_properties"] = ["NoNewPrivileges=yes", "PrivateNetwork=yes"]
-    worker = ["/usr/bin/python3", "-I", "/usr/lib/chv-fleet/chv_broker/syncrun.py", "{}"]
+    worker = ["/usr/bin/python3", "-I", "/usr/lib/chv-fleet/chv_guest/broker/syncrun.py", "{}"]
     argv = server.sync_unit_argv(scfg, "slot3", "/var/lib/chv-fleet/workspaces/slot3", 720896, 720896,
                                  {"PATH": "/usr/bin", "LANG": "C.UTF-8"}, worker)
     sep = argv.index("--")
@@ -216,7 +216,7 @@ def test_sync_unit_argv_sandboxes_and_drops_to_the_owner():
 
 
 def test_unknown_isolation_refused_at_start():
-    from chv_broker import server
+    from chv_guest.broker import server
     cfg = server.merge(server.DEFAULTS, {"sync": {"isolation": "chroot"}})
     with pytest.raises(ValueError, match="sync.isolation must be one of unit, child, not 'chroot'"):
         server.Broker(cfg)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from broker_helpers import CELL_UID, FILES, SYNC_PYTHON, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
+from broker_helpers import CELL_UID, SYNC_PYTHON, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = needs_root
 
@@ -226,9 +226,7 @@ def test_git_gets_only_the_credential_of_its_remote(racy, slot_inproc, env):
 
 
 def test_the_worker_keeps_only_the_checked_hosts_lines():
-    import sys
-    sys.path.insert(0, FILES)
-    from chv_broker import syncrun  # pylint: disable=import-outside-toplevel
+    from chv_guest.broker import syncrun  # pylint: disable=import-outside-toplevel
     data = b"https://a:1@git.example.org\nhttps://b:2@evil.example\nhttp://c:3@git.example.org\nhttps://d:4@git.example.org:8443\n"
     assert syncrun.credential_lines(data, {("https", "git.example.org", 443)}) == b"https://a:1@git.example.org\n"
     assert syncrun.credential_lines(data, {("https", "git.example.org", 8443)}) == b"https://d:4@git.example.org:8443\n"

@@ -9,7 +9,7 @@ import threading
 import time
 
 from browser_helpers import STALL, needs_browser, running_browser
-from chv_browser.wire import WireError
+from chv_guest.wire.wire import WireError
 
 pytestmark = needs_browser
 

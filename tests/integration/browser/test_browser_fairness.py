@@ -23,7 +23,7 @@ from broker_helpers import (CELL_UID, OTHER_UID, BrokerProc, DoorClient, busy_fo
                             write_config, write_record)
 from broker_helpers import cell, env, other_ns, scratch  # noqa: F401  # pylint: disable=unused-import
 from browser_helpers import STALL, needs_browser, running_browser
-from chv_browser.wire import WireError
+from chv_guest.wire.wire import WireError
 
 pytestmark = needs_browser
 N = 10  # page opens per latency figure

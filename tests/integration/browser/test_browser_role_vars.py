@@ -10,10 +10,8 @@ import os
 import subprocess
 import sys
 
-# browser_helpers puts chv_browser on sys.path
-from browser_helpers import FILES  # noqa: F401  # pylint: disable=unused-import
 from testpaths import ROOT
-from chv_browser import server
+from chv_guest.browser import server
 
 BIN = os.path.dirname(sys.executable)
 PLAYBOOK = """

@@ -496,7 +496,7 @@ def test_hundred_consecutive_runs(env):
 
 
 # ---------------------------------------------------------------- the executor's path: a non-root user through sudo
-# The tests install a copy of the launcher (chv-cell, chv-cell-agent, chv_cell/)
+# The tests install a copy of the launcher (chv-cell, chv-cell-agent, chv_guest/cell/)
 # in a root-owned directory under /run whose only change is the agent's fixed
 # policy path (policy.DEFAULT_POLICY_PATH, patched in the copy to this test's
 # policy), plus a sudoers drop-in of the role's shape for that copy, a
@@ -516,7 +516,7 @@ def sudo_env(env):
     import pwd
     import tempfile
 
-    from cellrt import FILES
+    from testpaths import SRC
 
     if not all(shutil.which(t) for t in ("sudo", "visudo", "useradd", "groupadd")):
         pytest.skip("sudo, visudo, useradd and groupadd are needed for the executor's path")
@@ -531,21 +531,22 @@ def sudo_env(env):
     try:
         os.chmod(d, 0o755)
         lib = os.path.join(d, "lib")
-        os.makedirs(os.path.join(lib, "chv_cell"), 0o755)
+        os.makedirs(os.path.join(lib, "chv_guest", "cell"), 0o755)
         for name in ("chv-cell", "chv-cell-agent"):
-            shutil.copy(os.path.join(FILES, name), os.path.join(lib, name))
+            shutil.copy(os.path.join(SRC, name), os.path.join(lib, name))
             os.chmod(os.path.join(lib, name), 0o755)
-        for name in os.listdir(os.path.join(FILES, "chv_cell")):
-            if name.endswith(".py"):
-                shutil.copy(os.path.join(FILES, "chv_cell", name), os.path.join(lib, "chv_cell", name))
-                os.chmod(os.path.join(lib, "chv_cell", name), 0o644)
+        for package in ("chv_guest", os.path.join("chv_guest", "cell")):  # the role's part (chv.fleet.guest_tree)
+            for name in os.listdir(os.path.join(SRC, package)):
+                if name.endswith(".py"):
+                    shutil.copy(os.path.join(SRC, package, name), os.path.join(lib, package, name))
+                    os.chmod(os.path.join(lib, package, name), 0o644)
         policy_path = os.path.join(d, "cell-policy.json")
         pol = copy.deepcopy(env["pol"])
         pol.update(AGENT_KEYS)
         with open(policy_path, "w") as fh:
             json.dump(pol, fh)
         os.chmod(policy_path, 0o644)
-        src = os.path.join(lib, "chv_cell", "policy.py")
+        src = os.path.join(lib, "chv_guest", "cell", "policy.py")
         with open(src) as fh:
             text = fh.read()
         old = 'DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"\n'

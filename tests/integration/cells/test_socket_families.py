@@ -28,10 +28,10 @@ import time
 
 import pytest
 
-from broker_helpers import FILES as BROKER_FILES
 from broker_helpers import BrokerProc, make_listener
-from cellrt import ENTRY, FILES, NEEDS_REAL_CELLS, NOISE
-from chv_cell import families
+from cellrt import ENTRY, NEEDS_REAL_CELLS, NOISE
+from testpaths import SRC
+from chv_guest.cell import families
 
 pytestmark = [pytest.mark.cells] + NEEDS_REAL_CELLS
 
@@ -247,7 +247,7 @@ def test_the_broker_socket_works_in_a_filtered_cell(env):
     listener = make_listener(sock)
     broker = BrokerProc(listener, cfg_path).start()
     try:
-        with open(os.path.join(BROKER_FILES, "chv_broker", "client.py")) as fh:
+        with open(os.path.join(SRC, "chv_guest", "broker", "client.py")) as fh:
             client = fh.read()
         p = probe_cell(env["policy"], broker={"client": client, "sock": "/run/chv/broker.sock"})
     finally:
@@ -286,8 +286,8 @@ def test_without_the_binding_the_launcher_refuses_and_the_payload_never_runs(env
     exits 125 naming the package and the policy key; the payload (which
     would create a file in the workspace) never ran.  Control: the same
     launcher with socket_families "any" runs the payload."""
-    code = ("import sys; sys.path.insert(0, %r); import chv_cell.families as f; f.SECCOMP_DIRS = ('/nonexistent',); "
-            "sys.modules.pop('seccomp', None); from chv_cell.cli import main; sys.exit(main(sys.argv[1:]))" % FILES)
+    code = ("import sys; sys.path.insert(0, %r); import chv_guest.cell.families as f; f.SECCOMP_DIRS = ('/nonexistent',); "
+            "sys.modules.pop('seccomp', None); from chv_guest.cell.cli import main; sys.exit(main(sys.argv[1:]))" % SRC)
     marker = os.path.join(env["pol"]["workspace_root"], "slot1", "ran-%s" % TAG)
     payload = ["--slot", "slot1", "--", "sh", "-c", "touch /workspace/%s; exit 4" % os.path.basename(marker)]
     r = subprocess.run([sys.executable, "-I", "-c", code, "--policy", env["policy"], "run"] + payload,

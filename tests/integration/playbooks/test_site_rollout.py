@@ -103,7 +103,7 @@ def test_each_phase_tag_selects_its_own_tasks_and_every_role_task_has_a_phase(tm
         assert all(phase in tags for tags in tasks.values()), (phase, tasks)
     # what each phase is for: code and packages; the files that carry policy; the units
     install, configure, service = (set(phases[p]) for p in PHASES)
-    assert "chv.fleet.broker : Install the chv_broker package files that differ from the role's" in install - configure
+    assert "chv.fleet.broker : Install the chv_guest package files of chv-broker that differ from the role's" in install - configure
     assert ("chv.fleet.cell_runtime : Let the agent group run cells through sudo (exactly chv-cell-agent), render the cell policy, "
             "install the warm cells' units") \
         in configure - install - service

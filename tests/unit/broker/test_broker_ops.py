@@ -9,7 +9,8 @@ import json
 import pytest
 
 import broker_helpers  # noqa: F401  # pylint: disable=unused-import  # puts chv_broker on sys.path
-from chv_broker import protocol, server
+from chv_guest.broker import server
+from chv_guest.wire import protocol
 
 CELL = {"slot": "slot0", "pid": 4242, "uid_base": 100000, "uid_size": 65536}
 
@@ -149,7 +150,7 @@ def test_browser_requests_name_the_run_they_are_for(tmp_path):
     import socket
     import threading
 
-    from chv_broker import peer
+    from chv_guest.broker import peer
 
     path = str(tmp_path / "browser.sock")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -178,7 +179,7 @@ def test_browser_requests_name_the_run_they_are_for(tmp_path):
 
 
 def test_cell_records_carry_their_start_time_to_the_broker(tmp_path):
-    from chv_broker import peer
+    from chv_guest.broker import peer
 
     rec = {"slot": "slot0", "pid": 4242, "uid_base": 100000, "uid_size": 65536, "started": 1764645000.123}
     (tmp_path / "slot0.json").write_text(json.dumps(rec))

@@ -1,7 +1,7 @@
 """freeze.py: which cgroup of a cell chv-broker freezes for its sync (pure parts)."""
 import pytest
 
-from chv_broker.freeze import FreezeError, cell_cgroup_path, unit_of
+from chv_guest.broker.freeze import FreezeError, cell_cgroup_path, unit_of
 
 
 @pytest.mark.parametrize("text, want", [

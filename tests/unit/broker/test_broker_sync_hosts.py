@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from testpaths import ROOT
 
-from chv_broker import server
-from chv_broker.syncrun import (Rejected, check_remote, git_prefix, parse_host_entry, parse_remote_url, redact,
+from chv_guest.broker import server
+from chv_guest.broker.syncrun import (Rejected, check_remote, git_prefix, parse_host_entry, parse_remote_url, redact,
                                 sync_remotes)
 
 # ------------------------------------------------------------------ parsing

@@ -10,8 +10,8 @@ import yaml
 
 from testpaths import ROOT
 
-from chv_broker import server, syncrun
-from chv_broker.syncrun import Rejected, check_git_dir, git_env, jail_plan
+from chv_guest.broker import server, syncrun
+from chv_guest.broker.syncrun import Rejected, check_git_dir, git_env, jail_plan
 
 WS_DIR = "/var/lib/chv-fleet/workspaces"
 WS = WS_DIR + "/slot3"
@@ -26,7 +26,7 @@ VERIFIED_MOUNT_PROPERTIES = [
     "PrivateTmp=yes",
     "ProtectHome=yes",
     "InaccessiblePaths=-/run/chv-fleet -/run/chv-shots -/run/chv-browser -/etc/chv -/opt -/srv -/mnt -/media"
-    " -/usr/lib/chv-fleet/chv_browser -/usr/lib/chv-fleet/chv-browser",
+    " -/usr/lib/chv-fleet/chv_guest/browser -/usr/lib/chv-fleet/chv-browser",
     "TemporaryFileSystem=/var/lib/chv-fleet/workspaces:ro",
     "BindPaths=/var/lib/chv-fleet/workspaces/slot3",
     "ReadWritePaths=/var/lib/chv-fleet/workspaces/slot3",
@@ -96,7 +96,7 @@ def test_jail_plan_is_the_same_namespace_parents_first():
     assert ("tmpfs", WS_DIR, ("mode=0755", True)) in plan
     hidden = {p for k, p, _a in plan if k == "inaccessible"}
     assert {"/etc/chv", "/run/chv-fleet", "/run/chv-shots", "/run/chv-browser", "/run/user",
-            "/usr/lib/chv-fleet/chv_browser"} <= hidden
+            "/usr/lib/chv-fleet/chv_guest/browser"} <= hidden
 
 
 def test_jail_plan_refuses_what_it_cannot_make():
@@ -288,7 +288,7 @@ def test_git_env_drops_alternates_and_repository_variables():
 
 
 def test_git_prefix_neutralises_repository_settings():
-    prefix = syncrun.git_prefix(["https"], "/usr/lib/chv-fleet/chv_broker/credential.py")
+    prefix = syncrun.git_prefix(["https"], "/usr/lib/chv-fleet/chv_guest/broker/credential.py")
     pairs = [prefix[i + 1] for i, a in enumerate(prefix) if a == "-c"]
     for opt in ("core.hooksPath=/dev/null", "core.fsmonitor=false", "protocol.allow=never",
                 "protocol.https.allow=always", "diff.ignoreSubmodules=all", "submodule.recurse=false"):

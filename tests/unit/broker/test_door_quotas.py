@@ -14,14 +14,11 @@ import pytest
 import yaml
 from hypothesis import given, strategies as st
 
-from broker_helpers import FILES  # noqa: F401  # pylint: disable=unused-import  (chv_broker on sys.path)
-from testpaths import BROWSER_FILES, ROOT
-from chv_broker import server, wire
-from chv_broker.peer import PeerRejected
-
-if BROWSER_FILES not in __import__("sys").path:
-    __import__("sys").path.insert(0, BROWSER_FILES)
-from chv_browser import server as bserver  # noqa: E402
+from testpaths import ROOT
+from chv_guest.broker import server
+from chv_guest.broker.peer import PeerRejected
+from chv_guest.browser import server as bserver
+from chv_guest.wire import wire
 
 
 # ------------------------------------------------------------------ SlotQuota

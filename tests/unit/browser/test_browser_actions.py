@@ -8,9 +8,10 @@ import os
 
 import pytest
 
-from browser_helpers import FILES, Recorder
-from testpaths import ROOT
-from chv_browser import policy, protocol, server
+from browser_helpers import Recorder
+from testpaths import ROOT, SRC
+from chv_guest.browser import policy, server
+from chv_guest.wire import protocol
 
 
 @pytest.fixture
@@ -80,13 +81,17 @@ def test_bad_requests_are_refused_before_the_engine(srv, req, message):
     assert srv.engine.calls == []
 
 
-@pytest.mark.parametrize("name", ["wire.py", "protocol.py"])
-def test_shared_modules_are_the_brokers(name):
-    """Both services ship the framing and the tables from one source: the browser's
-    files are links to the broker's, which the role's copy follows."""
-    browser_file = os.path.join(FILES, "chv_browser", name)
-    assert os.path.islink(browser_file)
-    assert os.path.realpath(browser_file) == os.path.join(ROOT, "roles", "broker", "files", "chv_broker", name)
+def test_shared_modules_are_the_brokers():
+    """Both services use the framing and the tables from one source, chv_guest.wire:
+    no copy of them beside either service, and both import that one."""
+    from chv_guest.broker import server as broker_server  # pylint: disable=import-outside-toplevel
+    from chv_guest.wire import wire  # pylint: disable=import-outside-toplevel
+
+    for service in ("broker", "browser"):
+        for name in ("wire.py", "protocol.py"):
+            assert not os.path.lexists(os.path.join(SRC, "chv_guest", service, name))
+    assert server.wire is broker_server.wire is wire
+    assert server.BROWSER_ACTIONS is broker_server.BROWSER_ACTIONS is protocol.BROWSER_ACTIONS
 
 
 def test_a_playwright_other_than_the_configured_one_stops_the_start(tmp_path, capsys):

@@ -15,7 +15,8 @@ import yaml
 
 from browser_helpers import Recorder
 from testpaths import ROOT
-from chv_browser import server, wire
+from chv_guest.browser import server
+from chv_guest.wire import wire
 
 LIMITS = {"MemoryMax": "chv_browser_memory_max", "MemorySwapMax": "chv_browser_memory_swap_max",
           "TasksMax": "chv_browser_tasks_max", "CPUQuota": "chv_browser_cpu_quota"}

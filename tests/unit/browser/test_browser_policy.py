@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 import pytest
 
-from chv_browser.policy import Refused, check_name, check_slot, check_url, truncate
+from chv_guest.browser.policy import Refused, check_name, check_slot, check_url, truncate
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8080/", "https://example.org/a?b#c", "HTTPS://EXAMPLE.ORG"])

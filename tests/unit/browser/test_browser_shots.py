@@ -14,9 +14,8 @@ import socket
 import pytest
 from hypothesis import given, settings, strategies as st
 
-# browser_helpers puts chv_browser on sys.path
-from browser_helpers import FILES  # noqa: F401  # pylint: disable=unused-import
-from chv_browser import policy, server, wire
+from chv_guest.browser import policy, server
+from chv_guest.wire import wire
 
 SLOT = "slot0"
 

@@ -13,7 +13,7 @@ import struct
 import pytest
 
 from browser_helpers import Recorder
-from chv_browser import policy, server
+from chv_guest.browser import policy, server
 
 IDENTITY_MAP = "         0          0 4294967295\n"
 
@@ -28,7 +28,7 @@ def test_only_root_of_the_initial_user_namespace_may_end_a_slot():
 
 
 def test_end_is_no_cell_action_so_the_broker_never_forwards_it():
-    from chv_browser import protocol
+    from chv_guest.wire import protocol
 
     assert set(policy.ADMIN_ACTIONS).isdisjoint(protocol.BROWSER_ACTIONS)
     assert not any(op.get("actions") and set(policy.ADMIN_ACTIONS) & set(op["actions"]) for op in protocol.OPS.values())

@@ -16,7 +16,7 @@ def raw_policy():
 
 @pytest.fixture
 def policy(raw_policy):
-    from chv_cell import policy as policymod
+    from chv_guest.cell import policy as policymod
 
     assert policymod.validate(raw_policy) == []
     return policymod.merged(raw_policy)

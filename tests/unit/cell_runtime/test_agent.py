@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chv_cell import agent
-from chv_cell import cli
-from chv_cell import policy as policymod
-from chv_cell import runner
-from cellrt import FILES
+from chv_guest.cell import agent
+from chv_guest.cell import cli
+from chv_guest.cell import policy as policymod
+from chv_guest.cell import runner
+from testpaths import SRC
 
 SUDO_ENV = {"SUDO_UID": "1000", "SUDO_USER": "chv"}
 
@@ -366,7 +366,7 @@ def test_cli_root_is_unchanged(monkeypatch, tmp_path, raw_policy):
 
 
 def test_agent_path_is_next_to_chv_cell():
-    assert agent.agent_path() == os.path.join(FILES, "chv-cell-agent")
+    assert agent.agent_path() == os.path.join(SRC, "chv-cell-agent")
     assert os.access(agent.agent_path(), os.X_OK)
     with open(agent.agent_path()) as fh:
         assert fh.readline() == "#!/usr/bin/python3 -IS\n"  # isolated, no site: the standard library only

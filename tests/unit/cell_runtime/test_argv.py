@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chv_cell import argv as argvmod
-from chv_cell import cli
-from chv_cell import policy as policymod
+from chv_guest.cell import argv as argvmod
+from chv_guest.cell import cli
+from chv_guest.cell import policy as policymod
 from cellrt import BASE_POLICY
 
 NONE = frozenset()

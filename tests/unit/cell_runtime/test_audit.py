@@ -12,11 +12,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from chv_cell import audit
-from chv_cell import audit_probe
-from chv_cell import counterproof
-from chv_cell import policy as policymod
-from chv_cell import runner
+from chv_guest.cell import audit
+from chv_guest.cell import audit_probe
+from chv_guest.cell import counterproof
+from chv_guest.cell import policy as policymod
+from chv_guest.cell import runner
 
 from testpaths import ROOT
 
@@ -360,7 +360,7 @@ def test_the_quota_defaults_are_chv_brokers(tmp_path):
 
     from testpaths import ROOT as root
 
-    with open(os.path.join(root, "roles", "broker", "files", "chv_broker", "server.py")) as fh:
+    with open(os.path.join(root, "src", "chv_guest", "broker", "server.py")) as fh:
         tree = ast.parse(fh.read())
     defaults = next(n.value for n in tree.body if isinstance(n, ast.Assign) and
                     getattr(n.targets[0], "id", None) == "DEFAULTS")
@@ -746,9 +746,9 @@ def test_the_snapshot_keys_are_what_chv_browser_returns():
     dict _describe returns and those op_open adds."""
     import ast
 
-    from testpaths import BROWSER_FILES
+    from testpaths import SRC
 
-    with open(os.path.join(BROWSER_FILES, "chv_browser", "server.py")) as fh:
+    with open(os.path.join(SRC, "chv_guest", "browser", "server.py")) as fh:
         tree = ast.parse(fh.read())
     funcs = dict((f.name, f) for f in ast.walk(tree) if isinstance(f, ast.AsyncFunctionDef))
     keys = set()
@@ -793,7 +793,7 @@ def test_connect_tells_a_drop_from_a_refusal_and_an_answer():
 # ------------------------------------------------------------- the command line
 
 def test_audit_list_prints_the_catalog_for_anyone(capsys):
-    from chv_cell import cli
+    from chv_guest.cell import cli
 
     assert cli.main(["audit", "--list"], euid=1000) == 0
     assert capsys.readouterr().out == counterproof.catalog_markdown()
@@ -803,7 +803,7 @@ def test_audit_list_prints_the_catalog_for_anyone(capsys):
     (["audit"], "runs as root only"),
 ])
 def test_audit_is_roots_only(capsys, argv, needle):
-    from chv_cell import cli
+    from chv_guest.cell import cli
 
     assert cli.main(argv, euid=1000) == runner.EXIT_CONFIG
     assert needle in capsys.readouterr().err
@@ -816,7 +816,7 @@ def test_audit_is_roots_only(capsys, argv, needle):
     (["--runs", "0"], "--runs must be at least 1, got 0"),
 ])
 def test_bad_audit_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_policy, extra, needle):
-    from chv_cell import cli
+    from chv_guest.cell import cli
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(raw_policy))

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from chv_cell import claim as claimmod
+from chv_guest.cell import claim as claimmod
 
 
 def test_claim_and_release_removes_lock(tmp_path):

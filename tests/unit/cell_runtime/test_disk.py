@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cellrt  # noqa: F401  # pylint: disable=unused-import  (puts the launcher package on sys.path)
-from chv_cell import disk
-from chv_cell import policy as policymod
+from chv_guest.cell import disk
+from chv_guest.cell import policy as policymod
 
 WS, HOME = "/var/lib/chv-fleet/workspaces", "/var/lib/chv-fleet/agent-state"
 IMG = "/var/lib/chv-fleet/disks"

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from cellrt import BASE_POLICY  # noqa: F401  (makes chv_cell importable)
-from chv_cell import doors
-from chv_cell import policy as policymod
-from chv_cell import runner
+from chv_guest.cell import doors
+from chv_guest.cell import policy as policymod
+from chv_guest.cell import runner
 
 
 class FakeBrowser:
@@ -136,7 +136,7 @@ def test_run_claimed_ends_the_browser_state_before_it_returns_even_when_setup_fa
     monkeypatch.setattr(launcher, "end_doors", lambda s: order.append(("end", s["name"])))
     assert launcher._run_claimed(slot, "standalone", ["true"], False, 0.0) == runner.EXIT_SETUP
     assert order == ["reap", "cleanup", ("end", slot["name"])]
-    from chv_cell import warm
+    from chv_guest.cell import warm
 
     assert warm.WarmCell._run_claimed is runner.Launcher._run_claimed and "end_doors" not in vars(warm.WarmCell)
     assert os.path.basename(doors.__file__) == "doors.py"

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chv_cell import families
-from chv_cell import policy as policymod
-from chv_cell import runner
+from chv_guest.cell import families
+from chv_guest.cell import policy as policymod
+from chv_guest.cell import runner
 
 DEFAULT = families.numbers(list(families.DEFAULT_FAMILIES))
 

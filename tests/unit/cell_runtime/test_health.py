@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from chv_cell import health
+from chv_guest.cell import health
 
 ROUTE = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
          "host0\t00000000\t0114E70A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
@@ -56,7 +56,7 @@ def _cell(report, rc=0, err=""):
 
 GOOD = {"gateway": "10.231.20.1", "broker": {"rc": 0, "out": '{"ok": true, "result": "pong"}', "err": ""},
         "allow": {"git.example:443": "connected"}, "deny": {"gateway:22": "TimeoutError: timed out"}}
-REQUEST = {"broker_client": "/usr/lib/chv-fleet/chv_broker/client.py", "allow": ["git.example:443"], "deny": []}
+REQUEST = {"broker_client": "/usr/lib/chv-fleet/chv_guest/broker/client.py", "allow": ["git.example:443"], "deny": []}
 
 
 def _names(checks, ok=None):

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chv_cell import limits
-from chv_cell import runner
-from chv_cell.policy import merged
+from chv_guest.cell import limits
+from chv_guest.cell import runner
+from chv_guest.cell.policy import merged
 
 G = 1 << 30
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chv_cell import cli
-from chv_cell import policy as policymod
+from chv_guest.cell import cli
+from chv_guest.cell import policy as policymod
 import copy
 
 from cellrt import BASE_POLICY, ENTRY, make_slot

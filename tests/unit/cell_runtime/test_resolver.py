@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chv_cell import resolver
+from chv_guest.cell import resolver
 
 STUB = "# managed by resolved\nnameserver 127.0.0.53\noptions edns0 trust-ad\nsearch lan\n"
 UPSTREAM = "nameserver 192.0.2.10\nnameserver 2001:db8::53\nsearch corp.example lan\n"

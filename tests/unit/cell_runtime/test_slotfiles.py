@@ -17,10 +17,10 @@ import stat
 
 import pytest
 
-from chv_cell import claim as claimmod
-from chv_cell import policy as policymod
-from chv_cell import runner
-from chv_cell import slotfiles
+from chv_guest.cell import claim as claimmod
+from chv_guest.cell import policy as policymod
+from chv_guest.cell import runner
+from chv_guest.cell import slotfiles
 
 ROOT = os.geteuid() == 0
 HOW = ["openat2", "walk"]
@@ -357,7 +357,7 @@ def test_a_real_busy_gives_the_busy_verdict_and_a_refusal_the_config_verdict(pol
     pol = copy.deepcopy(policy)
     pol["state_dir"] = str(tmp_path / "state")
     pol["slots"] = pol["slots"][:1]
-    from chv_cell import argv as argvmod
+    from chv_guest.cell import argv as argvmod
 
     lock = argvmod.cell_paths(pol, pol["slots"][0])["lock"]
     os.makedirs(os.path.dirname(lock), 0o700)

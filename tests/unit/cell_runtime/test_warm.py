@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from chv_cell import cli, policy as policymod, runner, warm, warm_receive
+from chv_guest.cell import cli, policy as policymod, runner, warm, warm_receive
 
 
 def test_the_policy_names_only_its_own_slots_as_warm(raw_policy):
@@ -135,7 +135,7 @@ def test_a_hand_over_passes_argv_and_the_callers_stdio_and_returns_the_exit_code
     server = subprocess.Popen([sys.executable, "-c", """
 import array, json, os, socket, sys
 sys.path.insert(0, sys.argv[2])
-from chv_cell import warm
+from chv_guest.cell import warm
 lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 lst.bind(sys.argv[1]); lst.listen(1)
 print("ready", flush=True)
@@ -145,7 +145,7 @@ os.write(fds[1], b"through the caller's stdout\\n")
 conn.send(warm.encode({"started": True}))
 conn.send(warm.encode({"exit": 7}))
 print(json.dumps([req["argv"], req["policy"], len(fds)]), flush=True)
-""", path, os.path.dirname(os.path.dirname(warm.__file__))], stdout=subprocess.PIPE, text=True)
+""", path, os.path.dirname(os.path.dirname(os.path.dirname(warm.__file__)))], stdout=subprocess.PIPE, text=True)
     assert server.stdout.readline() == "ready\n"
     out = tmp_path / "out"
     fd = os.open(out, os.O_WRONLY | os.O_CREAT)

@@ -5,21 +5,16 @@ the slot users (chv.fleet.darwin_slots), the broker's macOS peer check
 and the names the roles' vars/Darwin.yml must agree on."""
 
 import struct
-import sys
 
 import pytest
 
 from darwin_render import darwin_policy, darwin_vars, role_yaml
-from testpaths import BROKER_FILES
 from ansible_collections.chv.fleet.plugins.filter.darwin import darwin_slots
 from ansible.errors import AnsibleFilterError
-from chv_cell import darwin as darwinmod
-from chv_cell import policy as policymod
-from chv_cell import seatbelt
-
-if BROKER_FILES not in sys.path:
-    sys.path.insert(0, BROKER_FILES)
-from chv_broker import peer  # noqa: E402  # pylint: disable=wrong-import-position
+from chv_guest.cell import darwin as darwinmod
+from chv_guest.cell import policy as policymod
+from chv_guest.cell import seatbelt
+from chv_guest.broker import peer
 
 
 # --- the launcher ----------------------------------------------------------

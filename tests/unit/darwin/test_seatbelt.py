@@ -10,8 +10,8 @@ reject a profile broken in the way it guards against."""
 import pytest
 
 from darwin_render import Regex, Str, darwin_policy, parse_sexprs, render
-from chv_cell import darwin as darwinmod
-from chv_cell import seatbelt
+from chv_guest.cell import darwin as darwinmod
+from chv_guest.cell import seatbelt
 
 # macOS's first-level links as the test knows them (the profile must use the
 # resolved form: Seatbelt matches the real path), and /run (synthetic.conf).

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from testpaths import LAUNCHER_FILES
+from testpaths import SRC
 
 # Takes the lock (plain flock, or the launcher's own claim.try_claim), says
 # "held <pid>", then keeps it until stdin closes.
@@ -15,7 +15,7 @@ import fcntl, os, sys
 path, how = sys.argv[1], sys.argv[2]
 if how == 'launcher':
     sys.path.insert(0, sys.argv[3])
-    from chv_cell import claim
+    from chv_guest.cell import claim
     held = claim.try_claim(path)
 else:
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -34,7 +34,7 @@ class LockHolder:
 
     def __init__(self, path, how='flock'):
         self.path = str(path)
-        self.proc = subprocess.Popen([sys.executable, '-c', _HOLDER, self.path, how, LAUNCHER_FILES],
+        self.proc = subprocess.Popen([sys.executable, '-c', _HOLDER, self.path, how, SRC],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      universal_newlines=True)
         line = self.proc.stdout.readline()

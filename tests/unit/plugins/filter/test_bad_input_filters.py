@@ -7,7 +7,6 @@ Each refusal beside its control: the closest accepted value passes."""
 
 import copy
 import os
-import sys
 
 import pytest
 import yaml
@@ -16,12 +15,8 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.chv.fleet.plugins.filter import cell_policy, pools, spec_errors
 
-from testpaths import LAUNCHER_FILES, ROOT
-
-if LAUNCHER_FILES not in sys.path:
-    sys.path.insert(0, LAUNCHER_FILES)
-
-from chv_cell import policy as launcher  # noqa: E402  # pylint: disable=wrong-import-position
+from testpaths import ROOT
+from chv_guest.cell import policy as launcher
 
 ROLES = ("cell_runtime", "cell_nat", "broker", "browser")
 
@@ -104,7 +99,7 @@ def role_policy(**changes):
 
 
 def test_the_capability_names_are_the_launchers():
-    assert cell_policy.launcher_policy().KNOWN_CAPS == launcher.KNOWN_CAPS
+    assert cell_policy.launcher_policy.KNOWN_CAPS == launcher.KNOWN_CAPS
     assert len(launcher.KNOWN_CAPS) == 41
 
 
@@ -148,8 +143,11 @@ def test_slot_errors_and_fixed_keys_are_not_named_as_role_variables():
     assert found == ["state_dir: 'run/x' must be an absolute normalised path"], found
 
 
-def test_the_launcher_is_found_beside_the_filter():
-    assert os.path.samefile(cell_policy.LAUNCHER_DIR, os.path.join(LAUNCHER_FILES, "chv_cell"))
+def test_the_launcher_is_the_collections_src():
+    """The filter imports the launcher's validator as a module of the collection
+    (ansible_collections.chv.fleet.src.chv_guest), the same file the tests import."""
+    assert cell_policy.launcher_policy.__name__ == "ansible_collections.chv.fleet.src.chv_guest.cell.policy"
+    assert os.path.samefile(cell_policy.launcher_policy.__file__, launcher.__file__)
     with pytest.raises(AnsibleFilterError, match="expected the policy as a dict"):
         cell_policy.cell_policy_errors([])
 

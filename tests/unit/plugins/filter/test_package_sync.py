@@ -10,7 +10,7 @@ import sys
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.chv.fleet.plugins.filter.package_sync import package_sync
+from ansible_collections.chv.fleet.plugins.filter.package_sync import GUEST_TREE, SRC, guest_tree, package_sync
 
 
 def _entry(path, data, mode="0644", uid=0, gid=0):
@@ -103,3 +103,74 @@ def test_against_the_find_module(tmp_path, sources):
                           env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
     found = json.loads(proc.stdout.split("=>", 1)[1])["files"]
     assert package_sync(sources, found, uid=uid, gid=gid) == {"install": [], "remove": []}
+
+
+# ------------------------------------------------------------- the guest tree (src/)
+
+def test_names_relative_to_the_install_directory_keep_packages_apart(tmp_path):
+    """With ``root``, a source is installed under its ``name`` and an installed file is
+    named by its path below ``root``: two packages' files of the same name stay apart."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "server.py").write_bytes(b"A = 1\n")
+    (tmp_path / "b" / "server.py").write_bytes(b"B = 1\n")
+    sources = [{"src": str(tmp_path / "a" / "server.py"), "name": "pkg/a/server.py"},
+               {"src": str(tmp_path / "b" / "server.py"), "name": "pkg/b/server.py"}]
+    installed = [_entry("/lib/pkg/a/server.py", b"A = 1\n"), _entry("/lib/pkg/b/server.py", b"B = 0\n"),
+                 _entry("/lib/pkg/b/old.py", b"")]
+    assert package_sync(sources, installed, root="/lib") == {
+        "install": [{"src": sources[1]["src"], "name": "pkg/b/server.py", "mode": "0644"}],
+        "remove": ["/lib/pkg/b/old.py"]}
+    # without root the same two files would be one name: refused
+    with pytest.raises(AnsibleFilterError, match="two sources named"):
+        package_sync([s["src"] for s in sources], [])
+
+
+def test_retired_directories_go_with_the_first_copy_only(tmp_path):
+    (tmp_path / "new.py").write_bytes(b"N = 1\n")
+    sources = [{"src": str(tmp_path / "new.py"), "name": "pkg/new.py"}]
+    # a host of the earlier layout: the new file is missing, the old directory goes
+    assert package_sync(sources, [], root="/lib", retired=["/lib/old_pkg"]) == {
+        "install": [{"src": sources[0]["src"], "name": "pkg/new.py", "mode": "0644"}],
+        "remove": ["/lib/old_pkg"]}
+    # a host with every current file: nothing to do, the retired directory is not listed
+    assert package_sync(sources, [_entry("/lib/pkg/new.py", b"N = 1\n")], root="/lib",
+                        retired=["/lib/old_pkg"]) == {"install": [], "remove": []}
+
+
+@pytest.mark.parametrize("role", sorted(GUEST_TREE))
+def test_each_role_gets_every_file_of_its_part_of_src(role):
+    tree = guest_tree(role, "/usr/lib/chv-fleet/")
+    names = [s["name"] for s in tree["sources"]]
+    expected = sorted(os.path.join(package, n) for package in GUEST_TREE[role]["packages"]
+                      for n in os.listdir(os.path.join(SRC, package)) if n.endswith(".py"))
+    assert sorted(names) == expected and len(names) == len(set(names))
+    assert all(s["src"] == os.path.join(SRC, s["name"]) for s in tree["sources"])
+    assert tree["dirs"][0] == "/usr/lib/chv-fleet/chv_guest"  # parents first
+    assert all(d.startswith("/usr/lib/chv-fleet/chv_guest") for d in tree["dirs"])
+    assert all(os.path.isfile(p) for p in tree["scripts"].values())
+    assert tree["retired"] == ["/usr/lib/chv-fleet/" + d for d in GUEST_TREE[role]["retired"]]
+
+
+def test_every_file_of_src_belongs_to_a_role_and_no_service_gets_the_others():
+    owned = {}
+    for role in GUEST_TREE:
+        tree = guest_tree(role, "/x")
+        for name in [s["name"] for s in tree["sources"]] + list(tree["scripts"]):
+            owned.setdefault(name, set()).add(role)
+    in_src = {os.path.relpath(os.path.join(d, f), SRC) for d, _dirs, files in os.walk(SRC)
+              if "__pycache__" not in d for f in files}
+    assert set(owned) == in_src
+    assert owned["chv_guest/wire/wire.py"] == {"broker", "browser"}
+    assert owned["chv_guest/__init__.py"] == set(GUEST_TREE)
+    assert not [n for n, roles in owned.items() if n.startswith("chv_guest/browser/") and roles != {"browser"}]
+    assert not [n for n, roles in owned.items() if n.startswith("chv_guest/broker/") and roles != {"broker"}]
+
+
+@pytest.mark.parametrize("role,root,needle", [
+    ("chv_broker", "/usr/lib/chv-fleet", "no role 'chv_broker'"),
+    ("broker", "usr/lib", "must be an absolute path"),
+])
+def test_guest_tree_refuses_bad_input_naming_it(role, root, needle):
+    with pytest.raises(AnsibleFilterError, match=needle):
+        guest_tree(role, root)

@@ -317,7 +317,7 @@ def split_top(args: Sequence[str]) -> Optional[Tuple[bool, bool, str, Sequence[s
 def agent_path() -> str:
     """``chv-cell-agent`` in the directory that holds this package, which is
     the directory of the running ``chv-cell`` (/usr/lib/chv-fleet)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), AGENT_NAME)
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), AGENT_NAME)
 
 
 def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd: Optional[int] = None) -> List[str]:

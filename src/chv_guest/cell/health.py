@@ -191,7 +191,7 @@ def run(policy_path: str, units: Sequence[str], request: Mapping[str, Any],
     counters around it, units after."""
     before = {u: _unit_props(u) for u in units}
     counters_before = read_counters()
-    lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     argv = [sys.executable, "-I", os.path.join(lib, "chv-cell"), "--policy", policy_path, "run",
             "--timeout", str(claim_timeout), "--", "python3", "-I", os.path.abspath(__file__), "in-cell",
             json.dumps(request)]

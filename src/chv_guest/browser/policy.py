@@ -5,7 +5,7 @@ import re
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-from .protocol import URL_SCHEMES
+from ..wire.protocol import URL_SCHEMES
 
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10: only in annotations, which are never evaluated

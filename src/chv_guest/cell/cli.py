@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
     h.add_argument("--json", action="store_true", help="print the checks as JSON")
 
-    lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     u = sub.add_parser("audit", allow_abbrev=False,
                        help="run the isolation case catalog in real cells on this guest and report each case "
                        "(exit 0 passed, %d a case failed, %d a control failed)"
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add %s to the guest's loopback for the run (NET-04)" % auditmod.METADATA)
     u.add_argument("--trusted", action="append", default=[], metavar="PATH",
                    help="another file cells must not be able to write (FS-09), e.g. the ruleset")
-    u.add_argument("--broker-client", default=os.path.join(lib, "chv_broker", "client.py"), metavar="PATH",
+    u.add_argument("--broker-client", default=os.path.join(lib, "chv_guest", "broker", "client.py"), metavar="PATH",
                    help="chv-broker's client.py (default: %(default)s; IPC cases skipped when missing)")
     u.add_argument("--runs", type=int, default=100, help="consecutive runs of LIFE-02 (default 100)")
     u.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")

@@ -1,8 +1,8 @@
 """What chv-broker and chv-browser accept, defined once for both services.
 
-chv-browser's package ships this file as a link to chv-broker's (as it does
-wire.py), so the operations, the browser actions, the URL rule and the
-audit line below exist in one place.
+Both services import it from chv_guest.wire (as they do wire.py), so the
+operations, the browser actions, the URL rule and the audit line below
+exist in one place.
 
 Each service carries out a name through a method ``op_<name>`` (chv-broker:
 ``Broker.op_ping``, ``Broker.op_sync``, ...; chv-browser:

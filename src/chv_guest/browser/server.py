@@ -96,10 +96,10 @@ import time
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Set, Tuple,
                     TypedDict, TypeVar, cast)
 
-from . import wire
+from ..wire import wire
 from .policy import (ADMIN_ACTIONS, FIELD_CHECKS, Refused, admin_peer_problem, admit_page, check_cell,
                      check_pages_per_slot, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
-from .protocol import BROWSER_ACTIONS, audit, handlers, known
+from ..wire.protocol import BROWSER_ACTIONS, audit, handlers, known
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, Page, Playwright

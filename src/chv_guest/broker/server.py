@@ -17,11 +17,11 @@ import time
 import uuid
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, TypedDict, Union
 
-from . import wire
+from ..wire import wire
 from .freeze import Freezer, FreezeError, thaw_all
 from .peer import PeerChecker, PeerRejected, incarnation
-from .protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
-                       url_scheme_allowed)
+from ..wire.protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
+                             url_scheme_allowed)
 from .syncrun import HOSTS_VAR, jail_plan, parse_host_entry
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ SYNC_MOUNTS_DEFAULT = (
     "PrivateTmp=yes",
     "ProtectHome=yes",
     "InaccessiblePaths=-/run/chv-fleet -/run/chv-shots -/run/chv-browser -/etc/chv -/opt -/srv -/mnt -/media"
-    " -/usr/lib/chv-fleet/chv_browser -/usr/lib/chv-fleet/chv-browser",
+    " -/usr/lib/chv-fleet/chv_guest/browser -/usr/lib/chv-fleet/chv-browser",
 )
 
 DEFAULTS = {

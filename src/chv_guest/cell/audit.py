@@ -64,7 +64,7 @@ SNAPSHOT_KEYS = frozenset(["title", "url", "aria_snapshot", "truncated", "status
 COOKIE_PATH = "/chv-audit-cookie"
 COOKIE_NAME = "chv_audit"
 # TEN-02: chv-broker's configuration and the defaults of what the case reads from it
-# (roles/broker/files/chv_broker/server.py DEFAULTS; a unit test compares the two)
+# (src/chv_guest/broker/server.py DEFAULTS; a unit test compares the two)
 BROKER_CONFIG = "/etc/chv-fleet/broker.json"
 BROKER_DEFAULTS = {"max_connections_per_slot": 4, "read_timeout": 10.0}
 QUOTA_EXTRA = 2  # connections past the quota that must be refused
@@ -1056,7 +1056,7 @@ def _guest_addresses(ip: str) -> Tuple[List[str], List[str]]:
 
 
 def _chv_cell(policy_path: str, *args: str) -> List[str]:
-    lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return [sys.executable, "-I", os.path.join(lib, "chv-cell"), "--policy", policy_path] + list(args)
 
 

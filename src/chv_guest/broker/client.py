@@ -1,11 +1,11 @@
 #!/usr/bin/python3 -I
 """Minimal chv-broker client for use inside a cell (standard library only).
 
-The broker role installs this file as /usr/lib/chv-fleet/chv_broker/client.py
+The broker role installs this file as /usr/lib/chv-fleet/chv_guest/broker/client.py
 (no command on PATH); run it with one request as its only argument:
 
-    python3 /usr/lib/chv-fleet/chv_broker/client.py '{"op": "ping"}'
-    python3 /usr/lib/chv-fleet/chv_broker/client.py '{"op": "sync", "action": "status", "repo": "myrepo"}'
+    python3 /usr/lib/chv-fleet/chv_guest/broker/client.py '{"op": "ping"}'
+    python3 /usr/lib/chv-fleet/chv_guest/broker/client.py '{"op": "sync", "action": "status", "repo": "myrepo"}'
 
 Prints the reply line; exits 0 when the reply has "ok": true, 1 when the
 broker refused, 2 when the broker could not be reached or hung up, and 2

@@ -1,5 +1,0 @@
-import sys
-
-from chv_broker.server import main
-
-sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from chv_browser.server import main
-
-sys.exit(main())

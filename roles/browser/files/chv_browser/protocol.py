@@ -1,1 +1,0 @@
-../../../broker/files/chv_broker/protocol.py

@@ -10,7 +10,7 @@ from ..wire.protocol import URL_SCHEMES
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10: only in annotations, which are never evaluated
 
-    from .protocol import Actions
+    from ..wire.protocol import Actions
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SLOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

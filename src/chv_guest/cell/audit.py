@@ -845,10 +845,14 @@ def verdict_of(results: Mapping[str, Result], strict_skips: bool = False) -> Tup
 
 # ------------------------------------------------------------- reports
 
-def report(results: Mapping[str, Result], header: Dict[str, str], strict_skips: bool = False) -> Facts:
+def report(results: Mapping[str, Result], header: Dict[str, str], strict_skips: bool = False,
+           only: Optional[Sequence[str]] = None) -> Facts:
+    """The report of every case (or of the cases ``only`` names), in the catalog's order."""
     verdict, code, counts = verdict_of(results, strict_skips)
     cases: List[Facts] = []
     for c in CASES:
+        if only is not None and c.id not in only:
+            continue
         r = results.get(c.id) or _result("error", "", "CONTROL FAILED: the audit did not reach this case")
         cases.append(dict(r, id=c.id, area=c.area, title=c.title))
     return {"verdict": verdict, "exit": code, "counts": counts, "header": header, "cases": cases}
@@ -1112,11 +1116,17 @@ class Fixtures(object):
         os.chown(path, uid, gid)
         self.dirs.append(path)
 
-    def cleanup(self) -> None:
+    def cleanup(self, keep_files: bool = False) -> List[str]:
+        """End the processes and undo the guest changes; remove the files,
+        directories and trees unless ``keep_files`` (returns those kept)."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        if keep_files:
+            for fn in self.undo:
+                fn()
+            return [p for p in self.files + self.dirs + self.trees if os.path.lexists(p)]
         for path in self.files:
             try:
                 os.unlink(path)
@@ -1131,6 +1141,7 @@ class Fixtures(object):
             shutil.rmtree(path, ignore_errors=True)
         for fn in self.undo:
             fn()
+        return []
 
 
 def hidden_paths(pol: policymod.Policy) -> List[str]:
@@ -1646,15 +1657,28 @@ def run(policy_path: str, opts: Facts) -> Facts:
     facts = {"nonce": os.urandom(4).hex(), "guest": {}, "policy": pol, "slot_a": slot_a, "slot_b": slot_b,
              "broker_client": opts["broker_client"] or ""}
     fix = Fixtures()
+    kept: List[str] = []
     try:
         _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts)
     finally:
-        fix.cleanup()
-    if facts.get("a") is not None and opts.get("lifecycle", True):
+        # --keep: the fixtures the cells read and wrote stay for inspection
+        # (their paths in the report's header); the audit's processes end
+        kept = fix.cleanup(keep_files=bool(opts.get("keep")))
+    # --case: the cells' probes run whole (one run gathers every cell case's
+    # facts), the lifecycle runs only for a case of its own; the report has
+    # the named cases only
+    cases = list(opts.get("cases") or [])
+    lifecycle = bool(opts.get("lifecycle", True)) and (not cases or bool(set(cases) & set(LIFECYCLE_CASES)))
+    if facts.get("a") is not None and lifecycle:
         _lifecycle(pol, policy_path, slot_a, opts, facts)
-    facts["guest"]["lifecycle"] = bool(opts.get("lifecycle", True))
+    facts["guest"]["lifecycle"] = lifecycle
     audited = [slot_a] + ([slot_b] if slot_b else [])
     _wait(lambda: not _left_behind(pol, audited), 10)
     facts["guest"]["left_behind"] = _left_behind(pol, audited)
     results = judge(facts)
-    return report(results, header(policy_path, opts.get("labels", {})), opts.get("strict_skips", False))
+    if cases:
+        results = dict((cid, r) for cid, r in results.items() if cid in cases)
+    head = header(policy_path, opts.get("labels", {}))
+    if opts.get("keep"):
+        head["kept"] = " ".join(kept)
+    return report(results, head, opts.get("strict_skips", False), cases or None)

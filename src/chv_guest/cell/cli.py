@@ -166,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="a line for the report's header (the collection version, a git commit)")
     u.add_argument("--strict-skips", action="store_true", help="a skipped case fails the run")
+    u.add_argument("--case", action="append", default=[], metavar="ID",
+                   help="run and report this case only (repeatable; the cells' probes still run whole, the "
+                   "lifecycle runs only for a lifecycle case)")
+    u.add_argument("--keep", action="store_true",
+                   help="keep the files the audit put into the slots for inspection (their paths in the report's "
+                   "header); its processes and guest changes are still undone")
     u.add_argument("--counter-proof", action="store_true",
                    help="loosen each boundary that can be loosened here for one run of the cells (a copy of the "
                    "policy, or accept rules for cell A only) and show that exactly its cases fail, and pass "
@@ -258,10 +264,17 @@ def audit(ns: argparse.Namespace) -> int:
     if ns.allow_url and not ns.allow_url.startswith(("http://", "https://")):
         runner.log("audit: --allow-url must be an http:// or https:// URL, got %r" % ns.allow_url)
         return runner.EXIT_CONFIG
+    unknown = [cid for cid in ns.case if cid not in auditmod.BY_ID]
+    if unknown:
+        runner.log("audit: --case %s: no such case (chv-cell audit --list)" % ", ".join(unknown))
+        return runner.EXIT_CONFIG
+    if ns.case and ns.counter_proof:
+        runner.log("audit: --case and --counter-proof do not go together (a counter-proof needs the whole catalog)")
+        return runner.EXIT_CONFIG
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
             "allow_url": ns.allow_url, "special": ns.special,
             "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
-            "labels": labels, "strict_skips": ns.strict_skips}
+            "labels": labels, "strict_skips": ns.strict_skips, "cases": ns.case, "keep": ns.keep}
     if ns.counter_proof:
         rep = counterproof.run(ns.policy, opts)
         text = counterproof.to_markdown(rep)

@@ -923,3 +923,64 @@ def test_a_loosened_run_whose_control_failed_is_run_once_more_and_the_first_erro
 
 def _counts0():
     return {"pass": 0, "fail": 0, "error": 0, "skip": 0}
+
+
+# ------------------------------------------------------------- --case and --keep
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--case", "NOPE-99"], "--case NOPE-99: no such case (chv-cell audit --list)"),
+    (["--case", "FS-01", "--counter-proof"], "--case and --counter-proof do not go together"),
+])
+def test_bad_case_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_policy, extra, needle):
+    from chv_guest.cell import cli
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(raw_policy))
+    assert cli.main(["--policy", str(path), "audit"] + extra, euid=0) == runner.EXIT_CONFIG
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cases, lifecycle_ran", [
+    (["FS-01", "NET-01"], False),
+    (["FS-01", "LIFE-02"], True),
+    ([], True),
+])
+def test_case_reports_the_named_cases_only_and_runs_the_lifecycle_only_for_one_of_its_own(
+        monkeypatch, tmp_path, raw_policy, facts, cases, lifecycle_ran):
+    """--case: the cells' probes run (once, whole), the lifecycle only when
+    a lifecycle case is named; the report holds exactly the named cases."""
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(raw_policy))
+    calls = []
+
+    def probes(pol, policy_path, slot_a, slot_b, opts, fix, got):
+        calls.append("probes")
+        got.update(dict((k, v) for k, v in facts.items() if k not in ("guest", "policy", "slot_a", "slot_b")))
+        got["guest"].update(facts["guest"])
+
+    monkeypatch.setattr(audit, "_cell_probes", probes)
+    monkeypatch.setattr(audit, "_lifecycle", lambda *a: calls.append("lifecycle"))
+    monkeypatch.setattr(audit, "_left_behind", lambda pol, slots: [])
+    monkeypatch.setattr(audit, "header", lambda policy_path, labels: {"guest": "g1"})
+    rep = audit.run(str(path), {"slot": None, "broker_client": "", "cases": cases, "keep": False})
+    assert calls == ["probes"] + (["lifecycle"] if lifecycle_ran else [])
+    ids = [c["id"] for c in rep["cases"]]
+    assert ids == ([c.id for c in audit.CASES if c.id in cases] if cases else [c.id for c in audit.CASES])
+    assert sum(rep["counts"].values()) == len(ids)
+
+
+def test_keep_leaves_the_fixture_files_and_still_undoes_the_rest(tmp_path):
+    """--keep: the files and directories the audit put down stay (and are
+    named); its processes end and its guest changes are undone all the same."""
+    undone = []
+    fix = audit.Fixtures()
+    fix.directory(str(tmp_path / "d"), 0o700)
+    fix.file(str(tmp_path / "d" / "f"), "x", 0o600)
+    fix.undo.append(lambda: undone.append(1))
+    kept = fix.cleanup(keep_files=True)
+    assert sorted(kept) == sorted([str(tmp_path / "d" / "f"), str(tmp_path / "d")])
+    assert (tmp_path / "d" / "f").exists() and undone == [1]
+    fix2 = audit.Fixtures()
+    fix2.directory(str(tmp_path / "e"), 0o700)
+    fix2.file(str(tmp_path / "e" / "f"), "x", 0o600)
+    assert fix2.cleanup() == [] and not (tmp_path / "e").exists()

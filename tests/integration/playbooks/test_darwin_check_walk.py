@@ -111,7 +111,7 @@ PLAYBOOK = '''
 
     - name: Remove a LaunchDaemon (the launchd entry point, state absent)
       ansible.builtin.include_role:
-        name: chv.fleet.cell_runtime
+        name: chv.fleet._common
         tasks_from: launchd
       vars:
         __chv_launchd_label: org.chv-fleet.walk-test

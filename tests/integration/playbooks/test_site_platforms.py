@@ -112,8 +112,8 @@ def failure(out, host):
 
 
 def supported():
-    with open(os.path.join(ROOT, "roles", "cell_runtime", "vars", "main.yml"), encoding="utf-8") as fh:
-        platforms = yaml.safe_load(fh)["__cell_runtime_platforms"]
+    with open(os.path.join(ROOT, "roles", "_common", "vars", "main.yml"), encoding="utf-8") as fh:
+        platforms = yaml.safe_load(fh)["__common_platforms"]
     return ", ".join("%(distribution)s %(major)s (%(release)s)" % p for p in platforms)
 
 

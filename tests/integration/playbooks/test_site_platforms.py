@@ -68,8 +68,9 @@ mount --bind "$0/comm" /proc/1/comm || exit 97
 exec "$@"' {fake} {python} "$@"
 """
 
-PLATFORM_TASK = "TASK [chv.fleet.cell_runtime : Check that chv.fleet supports this platform]"
-LOAD_TASK = "TASK [chv.fleet.cell_runtime : Load the platform's variables]"
+# the first role's validate (site.yml's order), through the _common role's set_vars
+PLATFORM_TASK = "TASK [chv.fleet._common : Check that chv.fleet supports this platform]"
+LOAD_TASK = "TASK [chv.fleet._common : Load the platform's variables of chv.fleet.cell_runtime]"
 
 
 def fake_host(tmp_path, name):

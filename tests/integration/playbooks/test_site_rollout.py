@@ -114,7 +114,7 @@ def test_each_phase_tag_selects_its_own_tasks_and_every_role_task_has_a_phase(tm
     assert not [t for t in configure | service if "Install the packages" in t or "Install chromium" in t]
     # the _common role's tasks (include_role, listed without their role): each writes in its own phase
     shared = {}
-    for name in ("service_install.yml", "package.yml"):
+    for name in ("service_install.yml", "service_units.yml", "package.yml"):
         with open(os.path.join(ROOT, "roles", "_common", "tasks", name), encoding="utf-8") as fh:
             shared.update((t["name"], set(t.get("tags", []))) for t in yaml.safe_load(fh))
     assert shared["Install the package files that differ from the role's, in {{ _common_package_dir }}"] == {"install"}

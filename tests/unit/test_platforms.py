@@ -1,8 +1,8 @@
 """The platforms chv.fleet supports and each role's platform variables.
 
-The one list is the cell_runtime role's __cell_runtime_platforms
-(vars/main.yml); every role's tasks/set_vars.yml checks the host against it
-(the cell_runtime role's `platform` entry point) and then loads
+The one list is the _common role's __common_platforms
+(vars/main.yml); its set_vars entry point, the start of every role, checks
+the host against it (its `platform` entry point) and then loads
 vars/<os_family>.yml, vars/<distribution>.yml and
 vars/<distribution>_<major>.yml where they exist. Here: every listed
 platform gets every platform variable of every role and has a Molecule
@@ -32,7 +32,7 @@ def load(*parts):
 
 
 def platforms():
-    return load("roles", "cell_runtime", "vars", "main.yml")["__cell_runtime_platforms"]
+    return load("roles", "_common", "vars", "main.yml")["__common_platforms"]
 
 
 def platform_files(role):

@@ -1,4 +1,4 @@
-"""The socket family filter (policy socket_families, chv_cell/families.py)
+"""The socket family filter (policy socket_families, chv_guest/cell/families.py)
 in real cells on this machine, with the guest (this host) as the control.
 
 In one cell: AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK sockets work (the

@@ -7,7 +7,7 @@ role's validate entry point, then the roles), with `--check`. A callback of
 this test records every task result with its file and line.
 
 Checks: the run succeeds; every task of every darwin task file
-(roles/*/tasks/darwin.yml, the cell_runtime role's launchd.yml and
+(roles/*/tasks/darwin.yml, the _common role's launchd.yml and
 rundirs.yml and the cell_nat role's pf_anchor.yml, which they
 include) got a result on the host and none failed;
 no Linux task file ran; and nothing on this machine changed (the files the
@@ -29,7 +29,7 @@ from testpaths import ROOT
 
 BIN = os.path.dirname(sys.executable)
 DARWIN_FILES = sorted(glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "darwin.yml"))) + [
-    os.path.join(ROOT, "roles", "cell_runtime", "tasks", name) for name in ("launchd.yml", "rundirs.yml")] + [
+    os.path.join(ROOT, "roles", "_common", "tasks", name) for name in ("launchd.yml", "rundirs.yml")] + [
     os.path.join(ROOT, "roles", "cell_nat", "tasks", name) for name in ("pf_anchor.yml",)]
 # What the macOS tasks would write on a Mac, and what account tasks would change.
 WATCHED = ["/etc/synthetic.conf", "/etc/pf.anchors", "/Library", "/etc/chv-fleet/seatbelt", "/private",
@@ -111,7 +111,7 @@ PLAYBOOK = '''
 
     - name: Remove a LaunchDaemon (the launchd entry point, state absent)
       ansible.builtin.include_role:
-        name: chv.fleet.cell_runtime
+        name: chv.fleet._common
         tasks_from: launchd
       vars:
         __chv_launchd_label: org.chv-fleet.walk-test

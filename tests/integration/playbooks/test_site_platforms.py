@@ -68,8 +68,9 @@ mount --bind "$0/comm" /proc/1/comm || exit 97
 exec "$@"' {fake} {python} "$@"
 """
 
-PLATFORM_TASK = "TASK [chv.fleet.cell_runtime : Check that chv.fleet supports this platform]"
-LOAD_TASK = "TASK [chv.fleet.cell_runtime : Load the platform's variables]"
+# the first role's validate (site.yml's order), through the _common role's set_vars
+PLATFORM_TASK = "TASK [chv.fleet._common : Check that chv.fleet supports this platform]"
+LOAD_TASK = "TASK [chv.fleet._common : Load the platform's variables of chv.fleet.cell_runtime]"
 
 
 def fake_host(tmp_path, name):
@@ -112,8 +113,8 @@ def failure(out, host):
 
 
 def supported():
-    with open(os.path.join(ROOT, "roles", "cell_runtime", "vars", "main.yml"), encoding="utf-8") as fh:
-        platforms = yaml.safe_load(fh)["__cell_runtime_platforms"]
+    with open(os.path.join(ROOT, "roles", "_common", "vars", "main.yml"), encoding="utf-8") as fh:
+        platforms = yaml.safe_load(fh)["__common_platforms"]
     return ", ".join("%(distribution)s %(major)s (%(release)s)" % p for p in platforms)
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import yaml
 
 from playbook_output import batches, recap
 from testpaths import ROOT
@@ -103,7 +104,7 @@ def test_each_phase_tag_selects_its_own_tasks_and_every_role_task_has_a_phase(tm
         assert all(phase in tags for tags in tasks.values()), (phase, tasks)
     # what each phase is for: code and packages; the files that carry policy; the units
     install, configure, service = (set(phases[p]) for p in PHASES)
-    assert "chv.fleet.broker : Install the chv_guest package files of chv-broker that differ from the role's" in install - configure
+    assert "chv.fleet.broker : Create the code and configuration directories" in install - configure
     assert ("chv.fleet.cell_runtime : Let the agent group run cells through sudo (exactly chv-cell-agent), render the cell policy, "
             "install the warm cells' units") \
         in configure - install - service
@@ -111,3 +112,12 @@ def test_each_phase_tag_selects_its_own_tasks_and_every_role_task_has_a_phase(tm
         in configure - install - service
     assert "chv.fleet.browser : Enable and start chv-browser and its socket" in service - install - configure
     assert not [t for t in configure | service if "Install the packages" in t or "Install chromium" in t]
+    # the _common role's tasks (include_role, listed without their role): each writes in its own phase
+    shared = {}
+    for name in ("service_install.yml", "service_units.yml", "package.yml"):
+        with open(os.path.join(ROOT, "roles", "_common", "tasks", name), encoding="utf-8") as fh:
+            shared.update((t["name"], set(t.get("tags", []))) for t in yaml.safe_load(fh))
+    assert shared["Install the package files that differ from the role's, in {{ _common_package_dir }}"] == {"install"}
+    assert shared["Install the entry point of {{ _common_service.name }}"] == {"install"}
+    assert shared["Render the configuration of {{ _common_service.name }}"] == {"configure"}
+    assert shared["Install the systemd units of {{ _common_service.name }}"] == {"service"}

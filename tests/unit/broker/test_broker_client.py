@@ -17,6 +17,6 @@ def test_client_usage_names_the_installed_file(tmp_path):
     assert "chv-broker-client" not in usage.stderr
     gone = subprocess.run([sys.executable, "-I", CLIENT, '{"op": "ping"}'], capture_output=True, text=True,
                           timeout=30, check=False, env={"CHV_BROKER_SOCKET": str(tmp_path / "absent.sock")})
-    assert gone.returncode == 2 and gone.stderr.startswith("chv_broker/client.py: ")
+    assert gone.returncode == 2 and gone.stderr.startswith("chv_guest/broker/client.py: ")
     with open(CLIENT) as fh:
         assert fh.readline().startswith("#!")  # the role installs a "#!" file executable (mode 0755)

@@ -1,4 +1,4 @@
-"""The shared table of operations (chv_broker/protocol.py) and chv-broker's dispatch on it.
+"""The shared table of operations (chv_guest/wire/protocol.py) and chv-broker's dispatch on it.
 
 Refusal messages are compared to the letter: they are what a cell sees.
 """

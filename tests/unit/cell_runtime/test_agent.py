@@ -1,4 +1,4 @@
-"""The agent's way in (chv_cell/agent.py): the argument filter of the
+"""The agent's way in (chv_guest/cell/agent.py): the argument filter of the
 root-only chv-cell-agent, the caller check, the non-root chv-cell's
 delegation to sudo, and the launcher's disconnect detection (runner)."""
 

@@ -1,4 +1,4 @@
-"""The per-slot disk quota: the launcher's pure parts (chv_cell/disk.py: the
+"""The per-slot disk quota: the launcher's pure parts (chv_guest/cell/disk.py: the
 size string, the mount check against fake mountinfo texts, the policy key
 disk_max) and the role's (the size in bytes, the fit check of tasks/disk.yml,
 the mount units), evaluated as Ansible evaluates them."""

@@ -1,4 +1,4 @@
-"""The launcher tells chv-browser that a run ended (chv_cell/doors.py), on real Unix sockets."""
+"""The launcher tells chv-browser that a run ended (chv_guest/cell/doors.py), on real Unix sockets."""
 import errno
 import json
 import os

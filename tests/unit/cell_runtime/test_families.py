@@ -1,4 +1,4 @@
-"""The socket family filter (chv_cell/families.py): the rule plan, the
+"""The socket family filter (chv_guest/cell/families.py): the rule plan, the
 policy key, and the filter libseccomp builds from it, loaded in a forked
 child that then tries sockets (no cell needed: a seccomp filter holds for
 the process that loads it)."""

@@ -1,4 +1,4 @@
-"""chv-cell read (chv_cell/slotfiles.py): a slot's file opened beneath the
+"""chv-cell read (chv_guest/cell/slotfiles.py): a slot's file opened beneath the
 slot's directory without following anything the cell planted, both with
 openat2(2) and with the component walk that replaces it where the kernel
 has none; the launcher's verdict record (runner.status_record and the

@@ -1,7 +1,7 @@
 """macOS pieces that are pure Python: the launcher's argv, environment and
-rlimits (chv_cell/darwin.py), darwin cell policies (chv_cell/policy.py),
+rlimits (chv_guest/cell/darwin.py), darwin cell policies (chv_guest/cell/policy.py),
 the slot users (chv.fleet.darwin_slots), the broker's macOS peer check
-(chv_broker/peer.py: struct xucred from LOCAL_PEERCRED, slot users only),
+(chv_guest/broker/peer.py: struct xucred from LOCAL_PEERCRED, slot users only),
 and the names the roles' vars/Darwin.yml must agree on."""
 
 import struct

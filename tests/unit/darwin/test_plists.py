@@ -16,6 +16,7 @@ BROKER = darwin_vars("broker")
 BROWSER = darwin_vars("browser")
 CELL_NAT = darwin_vars("cell_nat")
 CELL_RUNTIME = darwin_vars("cell_runtime")
+COMMON = darwin_vars("_common")
 REQUIRED = {"Label": str, "ProgramArguments": list, "RunAtLoad": bool, "KeepAlive": bool, "UserName": str}
 
 
@@ -85,7 +86,7 @@ def rundirs_commands(plist):
 
 def expected_commands(dirs):
     gid0 = {"root": "0"}
-    return [[CELL_RUNTIME["__cell_runtime_install"], "-d", "-m", mode, "-o", gid0.get(owner, owner), "-g", gid0.get(group, group), path]
+    return [[COMMON["__common_install"], "-d", "-m", mode, "-o", gid0.get(owner, owner), "-g", gid0.get(group, group), path]
             for path, mode, owner, group in dirs]
 
 
@@ -93,9 +94,9 @@ def test_the_cell_runtime_rundirs_plist_makes_the_tmpfiles_directories():
     tmpfiles = render("cell_runtime", "chv-fleet-tmpfiles.conf.j2")
     dirs = tmpfiles_dirs(tmpfiles)
     assert ("/run/chv-fleet", "0700", "root", "root") in dirs
-    data = render("cell_runtime", "chv-fleet-rundirs.plist.j2", __chv_rundirs_label=CELL_RUNTIME["__cell_runtime_rundirs_label"],
+    data = render("_common", "chv-fleet-rundirs.plist.j2", __chv_rundirs_label=CELL_RUNTIME["__cell_runtime_rundirs_label"],
                   __chv_rundirs_tmpfiles=tmpfiles,
-                  __cell_runtime_install=CELL_RUNTIME["__cell_runtime_install"])
+                  __common_install=COMMON["__common_install"])
     plist = check_plist(data, CELL_RUNTIME["__cell_runtime_rundirs_label"], "root", False)
     assert rundirs_commands(plist) == expected_commands(dirs)
 
@@ -108,9 +109,9 @@ def test_the_browser_rundirs_plist_makes_its_socket_and_screenshot_directories(s
                 + render("browser", "chv-browser.tmpfiles.j2", **v))
     dirs = tmpfiles_dirs(tmpfiles)
     assert len(dirs) == 2 + len(slots)
-    data = render("cell_runtime", "chv-fleet-rundirs.plist.j2", __chv_rundirs_label=BROWSER["__browser_rundirs_label"],
+    data = render("_common", "chv-fleet-rundirs.plist.j2", __chv_rundirs_label=BROWSER["__browser_rundirs_label"],
                   __chv_rundirs_tmpfiles=tmpfiles,
-                  __cell_runtime_install=CELL_RUNTIME["__cell_runtime_install"])
+                  __common_install=COMMON["__common_install"])
     plist = check_plist(data, BROWSER["__browser_rundirs_label"], "root", False)
     assert rundirs_commands(plist) == expected_commands(dirs)
 

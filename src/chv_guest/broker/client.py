@@ -41,10 +41,10 @@ def main(argv: List[str]) -> int:
                     break
                 buf += chunk
     except OSError as exc:
-        sys.stderr.write("chv_broker/client.py: %s\n" % exc)
+        sys.stderr.write("chv_guest/broker/client.py: %s\n" % exc)
         return 2
     if not buf.endswith(b"\n"):
-        sys.stderr.write("chv_broker/client.py: broker closed the connection without a reply\n")
+        sys.stderr.write("chv_guest/broker/client.py: broker closed the connection without a reply\n")
         return 2
     sys.stdout.write(buf.decode("utf-8", "replace"))
     try:

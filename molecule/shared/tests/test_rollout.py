@@ -57,8 +57,8 @@ def test_tags_cell_nat_and_configure_change_the_ruleset_only_and_host_denies_ext
     # the configure phase of the other roles ran too, and found nothing to change
     ran = set(line.split("[", 1)[1].rsplit("]", 1)[0] for line in proc.stdout.splitlines() if line.startswith("TASK ["))
     assert {"chv.fleet.cell_runtime : Allocate the slot identities",
-            "chv.fleet.broker : Render the chv-broker configuration",
-            "chv.fleet.browser : Render the chv-browser configuration"} <= ran, sorted(ran)
+            "chv.fleet._common : Render the configuration of chv-broker",
+            "chv.fleet._common : Render the configuration of chv-browser"} <= ran, sorted(ran)
     assert not [t for t in ran if "Install the packages" in t or "Install Playwright" in t], sorted(ran)
     with host.sudo():
         assert "198.51.100.7" not in host.file(ruleset).content_string

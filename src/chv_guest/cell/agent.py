@@ -34,9 +34,11 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
+from . import exits
+from . import log as logmod
 from . import policy as policymod
 
-EXIT_REFUSED = 78  # EX_CONFIG, as runner.EXIT_CONFIG: refused, nothing was started
+EXIT_REFUSED = 78  # EX_CONFIG, as exits.EXIT_CONFIG: refused, nothing was started
 AGENT_NAME = "chv-cell-agent"
 SUDO = "/usr/bin/sudo"
 GROUP_VARIABLE = "chv_cell_agent_group"
@@ -267,18 +269,18 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         req = parse_agent_args(args)
         caller = caller_from_env(environ, euid)
     except Refused as exc:
-        runner.log("%s: %s; %s" % (AGENT_NAME, exc, USAGE))
+        logmod.log("%s: %s; %s" % (AGENT_NAME, exc, USAGE))
         return EXIT_REFUSED
     if req.status_fd is not None:
         problem = runner.status_fd_problem(req.status_fd)
         if problem:
-            runner.log("%s: %s" % (AGENT_NAME, problem))
+            logmod.log("%s: %s" % (AGENT_NAME, problem))
             return EXIT_REFUSED
     pol = cli.load_policy(policymod.DEFAULT_POLICY_PATH)
     if pol is None:
         return cli.refuse_with_status(req.status_fd)
     if req.shared_network and not pol["allow_shared_network"]:
-        runner.log(runner.SHARED_NETWORK_REFUSAL)
+        logmod.log(runner.SHARED_NETWORK_REFUSAL)
         return cli.refuse_with_status(req.status_fd)
     if req.action == "status":
         return cli.print_status(pol)
@@ -347,7 +349,7 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
     agent = agent or agent_path()
     policy_path = policy_path or policymod.DEFAULT_POLICY_PATH
     if policy_given:
-        runner.log("--policy is not allowed for a non-root user: cells run through sudo with the installed "
+        logmod.log("--policy is not allowed for a non-root user: cells run through sudo with the installed "
                    "policy %s only" % policymod.DEFAULT_POLICY_PATH)
         return EXIT_REFUSED
     if action == "run" and verbose:
@@ -355,27 +357,27 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
     try:
         req = parse_agent_args([action] + list(rest))
     except Refused as exc:
-        runner.log("%s; %s" % (exc, USAGE))
+        logmod.log("%s; %s" % (exc, USAGE))
         return EXIT_REFUSED
     if req.status_fd is not None:
         problem = runner.status_fd_problem(req.status_fd)
         if problem:
-            runner.log("%s; %s" % (problem, USAGE))
+            logmod.log("%s; %s" % (problem, USAGE))
             return EXIT_REFUSED
     if req.shared_network:
         try:
             allowed = policymod.load(policy_path)["allow_shared_network"]
         except policymod.PolicyError as exc:
             for e in exc.errors:
-                runner.log(e)
+                logmod.log(e)
             return EXIT_REFUSED
         if not allowed:
-            runner.log(runner.SHARED_NETWORK_REFUSAL)
+            logmod.log(runner.SHARED_NETWORK_REFUSAL)
             return EXIT_REFUSED
     user = _user_name()
     problem = sudo_problem(sudo, agent)
     if problem:
-        runner.log("user %s (uid %d) is not allowed to run cells: %s. Cells run through sudo for members of "
+        logmod.log("user %s (uid %d) is not allowed to run cells: %s. Cells run through sudo for members of "
                    "the agent group (role variable %s)" % (user, os.getuid(), problem, GROUP_VARIABLE))
         return EXIT_REFUSED
     execv(sudo, sudo_argv(agent, render_agent_args(req), sudo, req.status_fd))

@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from . import argv as argvmod
 from . import audit_probe as probe
 from . import disk as diskmod
+from . import exits
 from . import families as familiesmod
 from . import health as healthmod
 from . import policy as policymod
@@ -805,22 +806,22 @@ def _judge_life(facts: Facts, g: Facts) -> Dict[str, Result]:
         real = busy.get("extra_record") or {}
         # a warm cell's launcher cannot tell whether exit is the payload's (verdict unknown): not busy either
         ran = ("ran", "unknown") if forged.get("warm") else ("ran",)
-        out["TEN-07"] = pair(bool(forged) and record.get("verdict") in ran and record.get("exit") == runner.EXIT_BUSY and
+        out["TEN-07"] = pair(bool(forged) and record.get("verdict") in ran and record.get("exit") == exits.EXIT_BUSY and
                              forged.get("write") != "ok",
                              "status record: %s; the payload's write to the fd: %s"
                              % (json.dumps(record, sort_keys=True) if record else "none", forged.get("write")),
-                             real.get("verdict") == "busy" and real.get("exit") == runner.EXIT_BUSY,
+                             real.get("verdict") == "busy" and real.get("exit") == exits.EXIT_BUSY,
                              "LIFE-03's busy run: %s" % (json.dumps(real, sort_keys=True) if real else "no record"))
     if busy is None:
         out["LIFE-03"] = skip(g.get("busy_skip", "every slot idle"))
     else:
-        out["LIFE-03"] = pair(busy["extra_rc"] == runner.EXIT_BUSY, "one more run: exit %s" % busy["extra_rc"],
+        out["LIFE-03"] = pair(busy["extra_rc"] == exits.EXIT_BUSY, "one more run: exit %s" % busy["extra_rc"],
                               busy["all_ran"], "cells running at once: %d of %d" % (busy["running"], busy["slots"]))
     kill = g.get("sigkill", {})
     out["LIFE-04"] = pair(kill.get("after_rc") == 0, "run after SIGKILL: exit %s" % kill.get("after_rc"),
                           kill.get("started") is True, "the killed launcher's cell had started: %s" % kill.get("started"))
     lim = g.get("runtime", {})
-    out["LIM-01"] = pair(lim.get("limited_rc") == runner.EXIT_RUNTIME, "exit %s" % lim.get("limited_rc"),
+    out["LIM-01"] = pair(lim.get("limited_rc") == exits.EXIT_RUNTIME, "exit %s" % lim.get("limited_rc"),
                          lim.get("control_rc") == 0, "exit %s" % lim.get("control_rc"))
     tasks = g.get("tasks")
     if tasks is None:

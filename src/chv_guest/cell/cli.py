@@ -14,6 +14,9 @@ import sys
 from typing import TYPE_CHECKING, List, Optional, Sequence, Union, cast
 
 from . import agent as agentmod
+from . import errors
+from . import exits
+from . import log as logmod
 from . import policy as policymod
 from . import runner
 
@@ -62,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(ruleset, limits, user namespaces; the payload did not run); %d every slot busy until the "
         "timeout; %d unusable policy, or a run the policy forbids (--shared-network, --runtime-max above "
         "runtime_max); %d wall-clock limit (runtime_max / --runtime-max) reached; 128+N stopped by signal N"
-        % (runner.EXIT_SETUP, runner.EXIT_BUSY, runner.EXIT_CONFIG, runner.EXIT_RUNTIME),
+        % (exits.EXIT_SETUP, exits.EXIT_BUSY, exits.EXIT_CONFIG, exits.EXIT_RUNTIME),
     )
     ap.add_argument("--policy", help="policy file (default %s; root only for run and status)"
                     % policymod.DEFAULT_POLICY_PATH)
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="S",
         help="stop the cell after S seconds (exit %d); may only lower the policy's runtime_max"
-        % runner.EXIT_RUNTIME,
+        % exits.EXIT_RUNTIME,
     )
     r.add_argument(
         "--status-fd",
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(exit %d refused: a symlink on the way, not a regular file, not the slot's; %d no such "
                         "file; %d larger than the policy's read_max_bytes; %d the request is refused)"
                         % (slotfiles.EXIT_REFUSED, slotfiles.EXIT_MISSING, slotfiles.EXIT_TOO_BIG,
-                           slotfiles.EXIT_CONFIG))
+                           exits.EXIT_CONFIG))
     rd.add_argument("--slot", required=True, help="the slot whose file it is")
     rd.add_argument("path", help="a path in the slot's cell (/workspace/..., a workspace alias, the agent's home) "
                     "or relative to its workspace")
@@ -212,7 +215,7 @@ def _targets_ok(ns: argparse.Namespace) -> bool:
         for target in ns.allow + ns.deny:
             healthmod.parse_target(target)
     except ValueError as exc:
-        runner.log("%s: %s" % (ns.action, exc))
+        logmod.log("%s: %s" % (ns.action, exc))
         return False
     return True
 
@@ -222,7 +225,7 @@ def health(ns: argparse.Namespace) -> int:
     from . import health as healthmod  # noqa: PLC0415
 
     if not _targets_ok(ns):
-        return runner.EXIT_CONFIG
+        return exits.EXIT_CONFIG
     request = {"broker_client": ns.broker_client, "allow": ns.allow, "deny": ns.deny}
     checks = healthmod.run(ns.policy, ns.unit, request, claim_timeout=ns.timeout)
     healthy = all(c["ok"] for c in checks)
@@ -245,32 +248,32 @@ def audit(ns: argparse.Namespace) -> int:
     for label in ns.label:
         key, sep, value = label.partition("=")
         if not sep or not key:
-            runner.log("audit: --label %r is not KEY=VALUE" % label)
-            return runner.EXIT_CONFIG
+            logmod.log("audit: --label %r is not KEY=VALUE" % label)
+            return exits.EXIT_CONFIG
         labels[key] = value
     if not _targets_ok(ns):
-        return runner.EXIT_CONFIG
+        return exits.EXIT_CONFIG
     if ns.special:
         from . import health as healthmod  # noqa: PLC0415
 
         try:
             healthmod.parse_target(ns.special)
         except ValueError as exc:
-            runner.log("audit: --special: %s" % exc)
-            return runner.EXIT_CONFIG
+            logmod.log("audit: --special: %s" % exc)
+            return exits.EXIT_CONFIG
     if ns.runs < 1:
-        runner.log("audit: --runs must be at least 1, got %d" % ns.runs)
-        return runner.EXIT_CONFIG
+        logmod.log("audit: --runs must be at least 1, got %d" % ns.runs)
+        return exits.EXIT_CONFIG
     if ns.allow_url and not ns.allow_url.startswith(("http://", "https://")):
-        runner.log("audit: --allow-url must be an http:// or https:// URL, got %r" % ns.allow_url)
-        return runner.EXIT_CONFIG
+        logmod.log("audit: --allow-url must be an http:// or https:// URL, got %r" % ns.allow_url)
+        return exits.EXIT_CONFIG
     unknown = [cid for cid in ns.case if cid not in auditmod.BY_ID]
     if unknown:
-        runner.log("audit: --case %s: no such case (chv-cell audit --list)" % ", ".join(unknown))
-        return runner.EXIT_CONFIG
+        logmod.log("audit: --case %s: no such case (chv-cell audit --list)" % ", ".join(unknown))
+        return exits.EXIT_CONFIG
     if ns.case and ns.counter_proof:
-        runner.log("audit: --case and --counter-proof do not go together (a counter-proof needs the whole catalog)")
-        return runner.EXIT_CONFIG
+        logmod.log("audit: --case and --counter-proof do not go together (a counter-proof needs the whole catalog)")
+        return exits.EXIT_CONFIG
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
             "allow_url": ns.allow_url, "special": ns.special,
             "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
@@ -309,7 +312,7 @@ def load_policy(path: str) -> Optional[policymod.Policy]:
         return policymod.load(path)
     except policymod.PolicyError as exc:
         for e in exc.errors:
-            runner.log(e)
+            logmod.log(e)
         return None
 
 
@@ -329,8 +332,8 @@ def refuse_with_status(status_fd: Optional[int]) -> int:
     the policy forbids): the config verdict on ``status_fd`` (when given and
     usable); EXIT_CONFIG."""
     if status_fd is not None and runner.status_fd_problem(status_fd) is None:
-        runner.write_status(status_fd, runner.status_record(runner.EXIT_CONFIG, "config"))
-    return runner.EXIT_CONFIG
+        runner.write_status(status_fd, runner.status_record(exits.EXIT_CONFIG, "config"))
+    return exits.EXIT_CONFIG
 
 
 def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
@@ -343,10 +346,10 @@ def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str]
     if status_fd is not None:
         problem = runner.status_fd_problem(status_fd)
         if problem:
-            runner.log(problem)
-            return runner.EXIT_CONFIG
+            logmod.log(problem)
+            return exits.EXIT_CONFIG
         if pol["platform"] != "linux":
-            runner.log("--status-fd is not supported for %s cells yet" % pol["platform"])
+            logmod.log("--status-fd is not supported for %s cells yet" % pol["platform"])
             return refuse_with_status(status_fd)
     launcher = launcher_for(pol, verbose=verbose, caller=caller)
     if isinstance(launcher, runner.Launcher):  # a darwin launcher has no verdict channel (refused above)
@@ -368,7 +371,7 @@ def read_request(pol: policymod.Policy, req: agentmod.AgentRequest) -> int:
 
     sys.stdout.flush()
     # a read request names both (agent._parse_read, main)
-    return slotfiles.read_file(pol, cast(str, req.slot), cast(str, req.path), out_fd=1, log=runner.log)
+    return slotfiles.read_file(pol, cast(str, req.slot), cast(str, req.path), out_fd=1, log=logmod.log)
 
 
 def _asks_for_help(rest: Sequence[str]) -> bool:
@@ -395,16 +398,16 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     ap = build_parser()
     ns = ap.parse_args(args)
     if euid != 0 and ns.action in ("run", "status", "read"):
-        runner.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
-        return runner.EXIT_CONFIG
+        logmod.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
+        return exits.EXIT_CONFIG
     if ns.action == "audit" and ns.list:
         from . import counterproof  # noqa: PLC0415
 
         sys.stdout.write(counterproof.catalog_markdown())
         return 0
     if euid != 0 and ns.action in ("health", "audit", "warm"):
-        runner.log("chv-cell %s runs as root only" % ns.action)
-        return runner.EXIT_CONFIG
+        logmod.log("chv-cell %s runs as root only" % ns.action)
+        return exits.EXIT_CONFIG
     if ns.policy is None:
         ns.policy = policymod.DEFAULT_POLICY_PATH
 
@@ -415,7 +418,7 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         except policymod.PolicyError as exc:
             for e in exc.errors:
                 sys.stderr.write("%s: %s\n" % (path, e))
-            return runner.EXIT_CONFIG
+            return exits.EXIT_CONFIG
         print("%s: valid, %d slot(s)" % (path, len(valid["slots"])))
         return 0
 
@@ -429,13 +432,13 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         from . import argv as argvmod  # noqa: PLC0415 (runner has imported it)
         cmd = _command(ns, ap)
         if ns.shared_network and not pol["allow_shared_network"]:
-            runner.log(runner.SHARED_NETWORK_REFUSAL)
-            return runner.EXIT_CONFIG
+            logmod.log(runner.SHARED_NETWORK_REFUSAL)
+            return exits.EXIT_CONFIG
         try:
             slot = _pick_slot(pol, ns.slot)
         except policymod.PolicyError as exc:
-            runner.log(exc.errors[0])
-            return runner.EXIT_CONFIG
+            logmod.log(exc.errors[0])
+            return exits.EXIT_CONFIG
         facts = argvmod.HostFacts(
             scope=runner.resolve_scope(pol),
             existing=runner.probe(argvmod.probe_paths(pol, slot)),
@@ -462,16 +465,16 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         try:
             policymod.slot_by_name(pol, ns.slot)
         except KeyError:
-            runner.log("warm: no slot named %r in the policy" % ns.slot)
-            return runner.EXIT_CONFIG
+            logmod.log("warm: no slot named %r in the policy" % ns.slot)
+            return exits.EXIT_CONFIG
         return warmmod.WarmCell(pol, ns.policy, ns.slot, verbose=ns.verbose).serve()
     if ns.action == "audit":
         try:
             return audit(ns)
         except policymod.PolicyError as exc:
             for e in exc.errors:
-                runner.log(e)
-            return runner.EXIT_CONFIG
+                logmod.log(e)
+            return exits.EXIT_CONFIG
 
     cmd = _command(ns, ap)
     return start_run(pol, cmd, ns.slot, ns.timeout, ns.shared_network, ns.runtime_max, ns.status_fd,

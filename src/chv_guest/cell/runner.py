@@ -19,6 +19,9 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Lis
                     TypedDict, Union)
 
 from . import argv as argvmod
+from .errors import Interrupted, RuntimeLimit, SetupError
+from .exits import EXIT_BUSY, EXIT_CONFIG, EXIT_RUNTIME, EXIT_SETUP
+from .log import log
 from . import claim as claimmod
 from . import disk as diskmod
 from . import limits as limitsmod
@@ -28,11 +31,6 @@ from . import ruleset as rulesetmod
 
 if TYPE_CHECKING:
     from types import FrameType
-
-EXIT_SETUP = 125  # the launcher could not start the cell (payload did not run)
-EXIT_BUSY = 75  # EX_TEMPFAIL: every candidate slot stayed busy until the timeout
-EXIT_CONFIG = 78  # EX_CONFIG: the policy file is unusable, or forbids what the run asked for
-EXIT_RUNTIME = 124  # the cell reached its wall-clock limit (runtime_max) and was stopped
 
 SHARED_NETWORK_REFUSAL = (
     "--shared-network is not allowed by the policy (allow_shared_network is false; role variable "
@@ -48,50 +46,6 @@ SLOT_DIR_MODE = 0o700  # a slot's workspace and agent state directory (its cell 
 PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
 INACCESSIBLE_DIR = "/run/systemd/inaccessible"
 _PR_SET_PDEATHSIG = 1
-
-
-class SetupError(Exception):
-    pass
-
-
-class RuntimeLimit(Exception):
-    pass
-
-
-class Interrupted(Exception):
-    """A stop request: signal ``signum`` arrived, or (``reason`` set) the
-    launcher's stdout or stderr peer went away, handled like SIGHUP."""
-
-    def __init__(self, signum: int, reason: Optional[str] = None) -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.reason = reason
-
-
-def log(msg: str) -> None:
-    """Write one ``chv-cell: msg`` line to fd 2, unbuffered.
-
-    Errors are ignored: after a disconnect stderr may be a pipe or socket
-    without a reader, and nothing may be left in a Python buffer that would
-    fail again (and change the exit status to 120) at interpreter exit.  When
-    sys.stderr has been replaced by something that is not fd 2 (a test's
-    capture), the line goes there instead."""
-    line = "chv-cell: %s\n" % msg
-    stream = sys.stderr
-    try:
-        direct = stream is None or stream.fileno() == 2
-    except (AttributeError, ValueError, OSError):
-        direct = False  # a replaced sys.stderr (a test's capture): write to it
-    try:
-        if not direct:
-            stream.write(line)
-            stream.flush()
-            return
-        data = line.encode("utf-8", "replace")
-        while data:
-            data = data[os.write(2, data):]
-    except OSError:
-        pass
 
 
 # poll() reports these for an fd whose peer went away: POLLHUP (the other

@@ -45,13 +45,14 @@ import stat
 import sys
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
+from .exits import EXIT_CONFIG  # the request is refused
+
 if TYPE_CHECKING:
     from .policy import Policy, Slot
 
 EXIT_REFUSED = 65  # EX_DATAERR: the file is refused (link, not regular, not the slot's)
 EXIT_MISSING = 66  # EX_NOINPUT: no such file
 EXIT_TOO_BIG = 67  # larger than read_max_bytes
-EXIT_CONFIG = 78  # as runner.EXIT_CONFIG: the request is refused
 
 PATH_MAX = 4096
 

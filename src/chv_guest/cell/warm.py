@@ -39,6 +39,9 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional,
 
 from . import argv as argvmod
 from . import claim as claimmod
+from . import errors
+from . import exits
+from . import log as logmod
 from . import policy as policymod
 from . import runner
 from . import warm_receive
@@ -180,7 +183,7 @@ class WarmCell(runner.Launcher):
             while True:
                 ready = self.sleep(STAMP_POLL, [pidfd, listener.fileno()])
                 if proc.poll() is not None or pidfd in ready:
-                    raise runner.SetupError("the warm cell ended before a payload arrived")
+                    raise errors.SetupError("the warm cell ended before a payload arrived")
                 if self.stale():
                     self._retire(STALE + "; replacing it")
                 if listener.fileno() not in ready:
@@ -196,7 +199,7 @@ class WarmCell(runner.Launcher):
 
     def _retire(self, why: str) -> NoReturn:
         self.retired = True
-        raise runner.SetupError(why)
+        raise errors.SetupError(why)
 
     def _refuse(self, rc: int, error: str) -> None:
         """Answer the caller with the run's end (nothing ran) and hang up."""
@@ -212,13 +215,13 @@ class WarmCell(runner.Launcher):
         req, fds = _recv(self.conn)
         try:
             if len(fds) != warm_receive.STDIO_FDS:
-                self._refuse(runner.EXIT_SETUP, "the warm cell got %d file descriptors, not %d"
+                self._refuse(exits.EXIT_SETUP, "the warm cell got %d file descriptors, not %d"
                              % (len(fds), warm_receive.STDIO_FDS))
                 self._retire("a caller sent %d file descriptors" % len(fds))
             try:
                 argv, runtime_max = check_request(req, self.policy["runtime_max"])
             except ValueError as exc:
-                self._refuse(runner.EXIT_CONFIG, str(exc))
+                self._refuse(exits.EXIT_CONFIG, str(exc))
                 self._retire("refused a request: %s" % exc)
             assert req is not None  # check_request refuses None
             if self.stale():
@@ -239,8 +242,8 @@ class WarmCell(runner.Launcher):
             if self.policy["require_ruleset"]:
                 try:
                     self.check_ruleset(slot)
-                except runner.SetupError as exc:
-                    self._refuse(runner.EXIT_SETUP, str(exc))
+                except errors.SetupError as exc:
+                    self._refuse(exits.EXIT_SETUP, str(exc))
                     raise
             self._ours.sendmsg([encode({"argv": argv})],
                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
@@ -256,7 +259,7 @@ class WarmCell(runner.Launcher):
         self._watch = fds[1:]
         self.handed_over = True
         self.wait_fds = [self.conn.fileno()]
-        runner.log("slot %s: warm cell took a payload%s" % (slot["name"], " of " + req["caller"] if req.get("caller") else ""))
+        logmod.log("slot %s: warm cell took a payload%s" % (slot["name"], " of " + req["caller"] if req.get("caller") else ""))
         _send(self.conn, {"started": True})
         return runtime_max
 
@@ -268,10 +271,10 @@ class WarmCell(runner.Launcher):
             os.close(fd)
         if msg is None:
             self.wait_fds = []
-            raise runner.Interrupted(1, "the caller of the warm cell went away")
+            raise errors.Interrupted(1, "the caller of the warm cell went away")
         signum = msg.get("signal")
         if isinstance(signum, int) and not isinstance(signum, bool) and 0 < signum < 65:
-            raise runner.Interrupted(signum)
+            raise errors.Interrupted(signum)
 
     def report(self, rc: int) -> None:
         if self.conn is not None:
@@ -291,7 +294,7 @@ class WarmCell(runner.Launcher):
         failed start (after a pause, so that systemd's restarts do not spin)."""
         p = self.policy
         if self.slot_name not in p["warm_slots"]:
-            runner.log("slot %s is not in the policy's warm_slots (%s); no warm cell"
+            logmod.log("slot %s is not in the policy's warm_slots (%s); no warm cell"
                        % (self.slot_name, ", ".join(p["warm_slots"]) or "none"))
             return EXIT_NOT_WARM
         slot = policymod.slot_by_name(p, self.slot_name)
@@ -300,10 +303,10 @@ class WarmCell(runner.Launcher):
             # not converged yet): a start would be refused at its end anyway
             try:
                 self.check_ruleset(slot)
-            except runner.SetupError as exc:
-                runner.log("slot %s: %s; no warm cell for %gs" % (slot["name"], exc, RETRY_BACKOFF))
+            except errors.SetupError as exc:
+                logmod.log("slot %s: %s; no warm cell for %gs" % (slot["name"], exc, RETRY_BACKOFF))
                 time.sleep(RETRY_BACKOFF)
-                return runner.EXIT_SETUP
+                return exits.EXIT_SETUP
         self.install_signals()
         try:
             lock = argvmod.cell_paths(p, slot)["lock"]
@@ -318,7 +321,7 @@ class WarmCell(runner.Launcher):
                 rc = self._run_claimed(slot, runner.resolve_scope(p), ["warm"], False, time.monotonic())
             finally:
                 held.release()
-        except runner.Interrupted:
+        except errors.Interrupted:
             return 0
         finally:
             self.restore_signals()
@@ -364,7 +367,7 @@ def handover(launcher: runner.Launcher, names: Iterable[str], req: bytes, t0: fl
             if not reply.get("started"):
                 sock.close()
                 if reply.get("error"):
-                    runner.log("slot %s: %s" % (name, reply["error"]))
+                    logmod.log("slot %s: %s" % (name, reply["error"]))
                 return _exit_code(reply)
             launcher.debug("slot %s: warm cell took the payload %.3fs after start" % (name, time.monotonic() - t0))
             launcher.claimed_slot, launcher.payload_started = name, True
@@ -378,7 +381,7 @@ def handover(launcher: runner.Launcher, names: Iterable[str], req: bytes, t0: fl
 
 def _exit_code(reply: Dict[str, Any]) -> int:
     rc = reply.get("exit")
-    return rc if isinstance(rc, int) and not isinstance(rc, bool) and 0 <= rc <= 255 else runner.EXIT_SETUP
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) and 0 <= rc <= 255 else exits.EXIT_SETUP
 
 
 def _stdio_fds() -> List[int]:
@@ -400,10 +403,10 @@ def _wait(launcher: runner.Launcher, sock: socket.socket, name: str) -> int:
         while True:
             try:
                 ready = launcher.sleep(3600, [sock.fileno()])
-            except runner.Interrupted as exc:
+            except errors.Interrupted as exc:
                 launcher.stop_signal = launcher.stop_reason = None
                 if exc.reason:
-                    runner.log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)" % (name, exc.reason, 128 + exc.signum))
+                    logmod.log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)" % (name, exc.reason, 128 + exc.signum))
                 if forwarded:
                     continue
                 forwarded = True
@@ -413,10 +416,10 @@ def _wait(launcher: runner.Launcher, sock: socket.socket, name: str) -> int:
             if sock.fileno() in ready:
                 reply, dummy = _recv(sock)
                 if reply is None:
-                    runner.log("slot %s: the warm cell's launcher went away; the payload's exit code is unknown" % name)
-                    return runner.EXIT_SETUP
+                    logmod.log("slot %s: the warm cell's launcher went away; the payload's exit code is unknown" % name)
+                    return exits.EXIT_SETUP
                 if reply.get("error"):
-                    runner.log("slot %s: %s" % (name, reply["error"]))
+                    logmod.log("slot %s: %s" % (name, reply["error"]))
                 if "payload_exit" in reply:
                     pe = reply["payload_exit"]
                     launcher.payload_exit = pe if isinstance(pe, int) and not isinstance(pe, bool) else None

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from chv_guest.cell import agent
 from chv_guest.cell import cli
+from chv_guest.cell import errors
 from chv_guest.cell import policy as policymod
 from chv_guest.cell import runner
 from testpaths import SRC
@@ -403,7 +404,7 @@ def test_sleep_stops_when_the_pipe_reader_goes_away(policy):
     try:
         assert la.sleep(0.05) == []  # control: reader still there
         os.close(r)
-        with pytest.raises(runner.Interrupted) as exc:
+        with pytest.raises(errors.Interrupted) as exc:
             la.sleep(5)
         assert exc.value.signum == signal.SIGHUP and "has no reader" in exc.value.reason
     finally:
@@ -418,7 +419,7 @@ def test_sleep_stops_when_the_socket_peer_closes(policy):
         a.shutdown(socket.SHUT_WR)  # the peer's EOF alone (stdin ended) is not a hangup
         assert la.sleep(0.05) == []
         a.close()
-        with pytest.raises(runner.Interrupted) as exc:
+        with pytest.raises(errors.Interrupted) as exc:
             la.sleep(5)
         assert exc.value.signum == signal.SIGHUP and "closed (POLLHUP)" in exc.value.reason
     finally:
@@ -469,9 +470,9 @@ def test_alias_mount_point_created_beneath_without_following_symlinks(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (base / "ws").symlink_to(outside)
-    with pytest.raises(runner.SetupError, match="is a symlink or not a directory"):
+    with pytest.raises(errors.SetupError, match="is a symlink or not a directory"):
         runner._ensure_dir_beneath(str(base), ["ws", "x"], 0o755, os.getuid())
     assert list(outside.iterdir()) == []
     (base / "f").write_text("")
-    with pytest.raises(runner.SetupError, match="f .mount point of a workspace alias. is a symlink"):
+    with pytest.raises(errors.SetupError, match="f .mount point of a workspace alias. is a symlink"):
         runner._ensure_dir_beneath(str(base), ["f"], 0o755, os.getuid())

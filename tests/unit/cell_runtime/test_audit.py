@@ -15,6 +15,7 @@ import pytest
 from chv_guest.cell import audit
 from chv_guest.cell import audit_probe
 from chv_guest.cell import counterproof
+from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
 from chv_guest.cell import runner
 
@@ -114,9 +115,9 @@ def good_facts(policy, broker_client):
                   "metadata": "connected: hello", "10.99.20.1:18770": "connected: hello",
                   "192.0.2.10:80": "connected: hello", "special": "connected: hello"},
         "broker_root": refused, "broker_cell_uid": refused,
-        "left_behind": [], "runs": [0] * 5, "runtime": {"control_rc": 0, "limited_rc": runner.EXIT_RUNTIME},
+        "left_behind": [], "runs": [0] * 5, "runtime": {"control_rc": 0, "limited_rc": exits.EXIT_RUNTIME},
         "tasks": {"limit": 64, "control": 4, "started": 63},
-        "busy": {"slots": 2, "running": 2, "all_ran": True, "extra_rc": runner.EXIT_BUSY,
+        "busy": {"slots": 2, "running": 2, "all_ran": True, "extra_rc": exits.EXIT_BUSY,
                  "extra_record": {"exit": 75, "payload_exit": None, "payload_started": False, "slot": None,
                                   "verdict": "busy"}},
         "sigkill": {"started": True, "after_rc": 0},
@@ -805,7 +806,7 @@ def test_audit_list_prints_the_catalog_for_anyone(capsys):
 def test_audit_is_roots_only(capsys, argv, needle):
     from chv_guest.cell import cli
 
-    assert cli.main(argv, euid=1000) == runner.EXIT_CONFIG
+    assert cli.main(argv, euid=1000) == exits.EXIT_CONFIG
     assert needle in capsys.readouterr().err
 
 
@@ -820,7 +821,7 @@ def test_bad_audit_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_po
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(raw_policy))
-    assert cli.main(["--policy", str(path), "audit"] + extra, euid=0) == runner.EXIT_CONFIG
+    assert cli.main(["--policy", str(path), "audit"] + extra, euid=0) == exits.EXIT_CONFIG
     assert needle in capsys.readouterr().err
 
 
@@ -936,7 +937,7 @@ def test_bad_case_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_pol
 
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(raw_policy))
-    assert cli.main(["--policy", str(path), "audit"] + extra, euid=0) == runner.EXIT_CONFIG
+    assert cli.main(["--policy", str(path), "audit"] + extra, euid=0) == exits.EXIT_CONFIG
     assert needle in capsys.readouterr().err
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from cellrt import BASE_POLICY  # noqa: F401  (makes chv_cell importable)
 from chv_guest.cell import doors
+from chv_guest.cell import errors
+from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
 from chv_guest.cell import runner
 
@@ -128,13 +130,13 @@ def test_run_claimed_ends_the_browser_state_before_it_returns_even_when_setup_fa
 
     def reap(s, scope):
         order.append("reap")
-        raise runner.SetupError("stop here")
+        raise errors.SetupError("stop here")
 
     monkeypatch.setattr(launcher, "reap", reap)
     monkeypatch.setattr(launcher, "_wait_ifname_gone", lambda s: None)
     monkeypatch.setattr(launcher, "_remove_runtime_files", lambda s: order.append("cleanup"))
     monkeypatch.setattr(launcher, "end_doors", lambda s: order.append(("end", s["name"])))
-    assert launcher._run_claimed(slot, "standalone", ["true"], False, 0.0) == runner.EXIT_SETUP
+    assert launcher._run_claimed(slot, "standalone", ["true"], False, 0.0) == exits.EXIT_SETUP
     assert order == ["reap", "cleanup", ("end", slot["name"])]
     from chv_guest.cell import warm
 
@@ -168,7 +170,7 @@ def test_run_claimed_stops_nspawn_and_ends_the_browser_state_when_pidfd_open_fai
     monkeypatch.setattr(launcher, "_remove_runtime_files", lambda s: order.append("cleanup"))
     monkeypatch.setattr(launcher, "end_doors", lambda s: order.append(("end", s["name"])))
     try:
-        assert launcher._run_claimed(slot, "systemd", ["true"], False, 0.0) == runner.EXIT_SETUP
+        assert launcher._run_claimed(slot, "systemd", ["true"], False, 0.0) == exits.EXIT_SETUP
         assert procs[0].poll() == -15  # SIGTERM'd and reaped, not left running
         assert order == ["cleanup", ("end", slot["name"])]
     finally:

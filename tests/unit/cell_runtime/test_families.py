@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chv_guest.cell import errors
 from chv_guest.cell import families
 from chv_guest.cell import policy as policymod
 from chv_guest.cell import runner
@@ -140,7 +141,7 @@ def test_spawn_refuses_without_the_binding_unless_the_policy_says_any(policy, mo
     monkeypatch.delitem(sys.modules, "seccomp", raising=False)
     monkeypatch.setattr(families, "SECCOMP_DIRS", ("/nonexistent",))
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "dist-packages" not in p])
-    with pytest.raises(runner.SetupError, match=r"python3-seccomp.*refusing to start the cell.*socket_families"):
+    with pytest.raises(errors.SetupError, match=r"python3-seccomp.*refusing to start the cell.*socket_families"):
         runner.Launcher(policy).spawn(["/bin/true"], [])
     proc = runner.Launcher(dict(policy, socket_families="any")).spawn(["/bin/true"], [])
     assert proc.wait(10) == 0

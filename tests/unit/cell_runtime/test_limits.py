@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chv_guest.cell import errors
 from chv_guest.cell import limits
 from chv_guest.cell import runner
 from chv_guest.cell.policy import merged
@@ -160,7 +161,7 @@ def test_standalone_limits_written_when_controllers_are_there(tmp_path, policy):
 def test_standalone_limits_refused_naming_property_and_controller(tmp_path, policy, capsys):
     cell = fake_tree(tmp_path, ["cpu"], ["cpu.max"])
     la = launcher(policy, properties={"MemoryMax": "2G", "CPUQuota": "150%"})
-    with pytest.raises(runner.SetupError) as e:
+    with pytest.raises(errors.SetupError) as e:
         la.apply_standalone_limits(policy["slots"][0], cell)
     msg = str(e.value)
     assert "MemoryMax (memory.max): controller memory is not available" in msg
@@ -181,7 +182,7 @@ def test_standalone_limits_warn_and_apply_the_rest_without_require_limits(tmp_pa
 def test_standalone_unmappable_property_refused(tmp_path, policy):
     cell = fake_tree(tmp_path, ["cpu", "memory", "pids", "io"], ["memory.max", "pids.max", "cpu.max"])
     la = launcher(policy, properties={"IOWeight": 50})
-    with pytest.raises(runner.SetupError, match="IOWeight is not a property the launcher can map"):
+    with pytest.raises(errors.SetupError, match="IOWeight is not a property the launcher can map"):
         la.apply_standalone_limits(policy["slots"][0], cell)
 
 
@@ -192,7 +193,7 @@ def test_no_properties_no_check(tmp_path, policy):
 
 def test_no_cgroup2_refused(policy):
     la = launcher(policy, properties={"TasksMax": 10})
-    with pytest.raises(runner.SetupError, match="TasksMax .*no cgroup2 hierarchy"):
+    with pytest.raises(errors.SetupError, match="TasksMax .*no cgroup2 hierarchy"):
         la.apply_standalone_limits(policy["slots"][0], None)
 
 

@@ -18,6 +18,8 @@ import stat
 import pytest
 
 from chv_guest.cell import claim as claimmod
+from chv_guest.cell import errors
+from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
 from chv_guest.cell import runner
 from chv_guest.cell import slotfiles
@@ -107,7 +109,7 @@ def test_cell_paths_map_to_the_slots_two_directories(slotpol):
 def test_paths_outside_the_slot_are_refused_as_requests(slotpol, path, says):
     with pytest.raises(slotfiles.Refused) as exc:
         slotfiles.locate(slotpol, slotpol["slots"][0], path)
-    assert exc.value.code == slotfiles.EXIT_CONFIG and says in str(exc.value)
+    assert exc.value.code == exits.EXIT_CONFIG and says in str(exc.value)
 
 
 # ---------------------------------------------------------------- opening, both ways
@@ -243,7 +245,7 @@ def test_a_hard_link_to_a_file_that_is_not_the_slots_is_refused(slotpol, how):
 
 def test_an_unknown_slot_is_a_refused_request(slotpol):
     rc, data, logs = read(slotpol, "x", "openat2", slot="slot9")
-    assert rc == slotfiles.EXIT_CONFIG and "no slot named 'slot9'" in logs[0]
+    assert rc == exits.EXIT_CONFIG and "no slot named 'slot9'" in logs[0]
 
 
 def test_the_walk_refuses_a_mount_point_on_the_way(slotpol, monkeypatch):
@@ -295,7 +297,7 @@ def test_slot_directories_are_the_slots_own_and_corrected(tmp_path):
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o755)
     os.symlink(str(target), str(tmp_path / "ws" / "slot1"))
-    with pytest.raises(runner.SetupError):
+    with pytest.raises(errors.SetupError):
         runner._ensure_slot_dir(str(tmp_path / "ws" / "slot1"), uid)
     assert os.stat(target).st_uid == 0 and stat.S_IMODE(os.stat(target).st_mode) == 0o755
 
@@ -364,9 +366,9 @@ def test_a_real_busy_gives_the_busy_verdict_and_a_refusal_the_config_verdict(pol
     held = claimmod.try_claim(lock)
     assert held is not None
     try:
-        for kwargs, verdict, rc in (({"timeout": 0}, "busy", runner.EXIT_BUSY),
-                                    ({"shared_network": True}, "config", runner.EXIT_CONFIG),
-                                    ({"slot_name": "nope"}, "config", runner.EXIT_CONFIG)):
+        for kwargs, verdict, rc in (({"timeout": 0}, "busy", exits.EXIT_BUSY),
+                                    ({"shared_network": True}, "config", exits.EXIT_CONFIG),
+                                    ({"slot_name": "nope"}, "config", exits.EXIT_CONFIG)):
             r, w = os.pipe()
             la = runner.Launcher(pol)
             la.status_fd = w

@@ -109,6 +109,8 @@ def converge(extra_vars, expect_ok=True):
 def test_unit_table_and_forwarding(host):
     assert host.service("chv-cell-nat").is_enabled
     assert host.service("chv-cell-nat").is_running           # oneshot, RemainAfterExit: active
+    assert host.service("chv-cell-nat-check.timer").is_enabled
+    assert host.service("chv-cell-nat-check.timer").is_running  # the table's check (test_faults fails it)
     assert host.run("nft list table inet chv_cell").rc == 0
     assert host.file("/proc/sys/net/ipv4/ip_forward").content_string.strip() == "1"
     statements = [ln.strip() for ln in host.file("/etc/chv-fleet/nft/cell-nat.nft").content_string.splitlines()

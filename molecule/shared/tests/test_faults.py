@@ -158,13 +158,24 @@ def test_nftables_restart_with_the_distribution_config_refuses_cells_until_the_t
         assert host.check_output("grep -c '^flush ruleset' /etc/nftables.conf") == "1"
         assert host.run("dpkg --verify nftables").stdout.strip() == ""
         loaded = host.check_output("nft -s list table inet chv_cell")
+        # chv-cell-nat-check.service: passes on the table as loaded, fails on a changed or missing one
+        host.run_expect([0], "systemctl start chv-cell-nat-check.service")
+        host.run_expect([0], "nft insert rule inet chv_cell forward accept")
+        host.run_expect([1], "systemctl start chv-cell-nat-check.service")
+        host.run_expect([0], "systemctl reload chv-cell-nat.service")
+        host.run_expect([0], "systemctl start chv-cell-nat-check.service")
         host.run_expect([0], "nft flush ruleset")  # what the restart does first
+        host.run_expect([1], "systemctl start chv-cell-nat-check.service")
+        assert host.check_output("systemctl is-failed chv-cell-nat-check.service || true") == "failed"
+        assert "table inet chv_cell is missing or differs" in host.check_output(
+            "journalctl -u chv-cell-nat-check.service -n 5 --no-pager -o cat")
         refused = assert_isolated_or_refused(host, "the table flushed")
         host.run_expect([0], "systemctl restart nftables.service")
         host.run_expect([0], "for i in $(seq 100); do nft list table inet chv_cell >/dev/null 2>&1 && "
                              "systemctl is-active -q chv-cell-nat.service && exit 0; sleep 0.1; done; exit 1")
         assert host.check_output("nft -s list table inet chv_cell") == loaded
         assert host.check_output("nft list tables").split("\n") == ["table inet filter", "table inet chv_cell"]
+        host.run_expect([0], "systemctl start chv-cell-nat-check.service")
     assert refused == "refused"
     assert assert_isolated_or_refused(host, "after nftables.service restarted") == "isolated"
 

@@ -216,7 +216,7 @@ release-check: venv
 demo: sysdeps venv
 	PATH=$(VENV)/bin:$$PATH ansible-playbook lab/playbooks/lab_up.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28
 	PATH=$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) site.yml | tee $(BUILD)/demo-converge.log
-	$(VENV)/bin/python hack/demo_summary.py $(DEMO_INVENTORY) $(BUILD)/demo-converge.log
+	PYTHONPATH=$(ROOT)/src:$(ROOT)/tests/helpers $(VENV)/bin/python hack/demo_summary.py $(DEMO_INVENTORY) $(BUILD)/demo-converge.log
 
 lab-down: venv
 	PATH=$(VENV)/bin:$$PATH ansible-playbook lab/playbooks/lab_down.yml -e lab_name=$(DEMO_LAB) -e lab_network=10.99.20.0/28

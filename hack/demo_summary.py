@@ -18,7 +18,7 @@ BIN = os.path.dirname(sys.executable)
 SETTINGS = re.compile(r"^(chv_|cell_nat_)")
 REPORTS = "/var/lib/chv-fleet/audit"
 # the catalog's allowed destination (NET-01) and page (BRW): a listener on this lab host, the guests' gateway
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "helpers"))
+# (tests/helpers and src on PYTHONPATH: the Makefile's demo target)
 from listeners import HelloServer  # noqa: E402
 
 

@@ -29,6 +29,7 @@ import pytest
 from broker_helpers import BrokerProc, make_listener
 from browser_helpers import running_browser
 from cellrt import ENTRY, NEEDS_REAL_CELLS, NOISE
+from chv_guest.broker import client as broker_client
 
 pytestmark = NEEDS_REAL_CELLS
 
@@ -97,25 +98,14 @@ def site():
     srv.server_close()
 
 
-# the payload in the cell: each argument is one request to chv-broker; prints the replies (stdlib only,
-# /usr is all a cell sees of the host's files)
+# the payload in the cell: each argument is one request to chv-broker, sent by the in-cell client's
+# request(); prints the replies (the client's source goes along: /usr is all a cell sees of the host's files)
 CLIENT = r"""
-import json, socket, sys
-out = []
-for arg in sys.argv[1:]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(60)
-    s.connect("/run/chv/broker.sock")
-    s.sendall(arg.encode() + b"\n")
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    out.append(json.loads(buf))
-print(json.dumps(out))
-"""
+import json, sys
+client = {"__name__": "chv_broker_client"}
+exec(%r, client)
+print(json.dumps([json.loads(client["request"](arg, timeout=60)) for arg in sys.argv[1:]]))
+""" % open(broker_client.__file__, encoding="utf-8").read()
 
 
 @pytest.fixture(scope="module")

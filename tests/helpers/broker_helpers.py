@@ -49,6 +49,20 @@ def write_record(cells_dir, slot, pid, uid_base=CELL_UID, uid_size=CELL_UID_SIZE
                    "started": time.time()}, fh)
 
 
+def git(cwd, *args):
+    """git as root on trees the cells' uids own (safe.directory), with an identity for commits."""
+    subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "safe.directory=*", "-c", "user.name=t",
+                    "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def chown_tree(path, uid):
+    """``path`` and all below it to uid:uid (links themselves, not what they name)."""
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            os.lchown(os.path.join(root, n), uid, uid)
+    os.lchown(path, uid, uid)
+
+
 class CellCgroup:
     """A cgroup v2 directory named as the launcher names a cell's (``chv-cell-<slot>``), under a
     scratch parent of its own: chv-broker freezes it while the slot's sync runs (freeze.py)."""

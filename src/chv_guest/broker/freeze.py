@@ -34,6 +34,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from . import peer
+
 if TYPE_CHECKING:
     from .peer import Cell
 
@@ -164,13 +166,7 @@ def thaw_all(cells_dir: str, freezer: Optional[Freezer] = None) -> List[str]:
     """Thaw the cgroup of every cell record (chv-broker --thaw-all). Returns the ones thawed."""
     freezer = freezer or Freezer()
     done: List[str] = []
-    try:
-        names = sorted(os.listdir(cells_dir))
-    except FileNotFoundError:
-        return done
-    for name in names:
-        if not name.endswith(".json"):
-            continue
+    for name in peer.record_names(cells_dir):
         try:
             with open(os.path.join(cells_dir, name), encoding="utf-8") as fh:
                 rec = json.load(fh)

@@ -87,9 +87,10 @@ def _peer_pidfd(conn: socket.socket, pid: int) -> Optional[int]:
         return None
 
 
-def _alive(pidfd: int) -> bool:
+def _exists(signal_zero: Callable[[], None]) -> bool:
+    """Whether the process that ``signal_zero`` sends signal 0 to exists."""
     try:
-        signal.pidfd_send_signal(pidfd, 0)
+        signal_zero()
         return True
     except ProcessLookupError:
         return False
@@ -98,8 +99,20 @@ def _alive(pidfd: int) -> bool:
         return True
 
 
+def _alive(pidfd: int) -> bool:
+    return _exists(lambda: signal.pidfd_send_signal(pidfd, 0))
+
+
 def pid_namespace(pid: int, proc: str = "/proc") -> str:
     return os.readlink(os.path.join(proc, str(pid), "ns", "pid"))
+
+
+def record_names(cells_dir: str) -> List[str]:
+    """The file names of the cell records (NAME.json) in ``cells_dir``, sorted; none when it is missing."""
+    try:
+        return sorted(n for n in os.listdir(cells_dir) if n.endswith(".json"))
+    except FileNotFoundError:
+        return []
 
 
 def load_cells(cells_dir: str) -> List[Cell]:
@@ -109,12 +122,8 @@ def load_cells(cells_dir: str) -> List[Cell]:
     launcher's start time, where the record has it).
     """
     cells: List[Cell] = []
-    try:
-        names = sorted(os.listdir(cells_dir))
-    except FileNotFoundError:
-        return cells
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
+    for name in record_names(cells_dir):
+        if name.startswith("."):
             continue
         try:
             with open(os.path.join(cells_dir, name), "rb") as fh:
@@ -201,13 +210,7 @@ def match_slot_user(uid: int, cells: List[Cell], alive: Callable[[int], bool]) -
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    return _exists(lambda: os.kill(pid, 0))
 
 
 class PeerChecker:

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+import procs
 from testpaths import SRC
 
 from chv_guest.broker import server
@@ -198,12 +199,7 @@ class BrokerProc:
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            procs.stop(self.proc, 5)
 
 
 def make_listener(path):
@@ -450,12 +446,7 @@ class DoorClient:
 
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            procs.stop(self.proc, 10, end=self.proc.stdin.close)
 
 
 def busy_for(reply, quota, slot):

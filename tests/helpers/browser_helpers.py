@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+import procs
 from testpaths import SRC
 
 from chv_guest.browser import server as _server
@@ -206,12 +207,7 @@ class BrowserProc:
             return fh.read()[-size:].decode("utf-8", "replace")
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        procs.stop(self.proc, 20)
 
 
 @contextlib.contextmanager

@@ -56,6 +56,15 @@ def git(cwd, *args):
                     "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def new_repo(env, slot="slot0"):
+    """An empty git repository "repo" in ``slot``'s new workspace (root's until chown_tree): (workspace, repo)."""
+    ws = os.path.join(env["ws"], slot)
+    repo = os.path.join(ws, "repo")
+    os.makedirs(repo)
+    git(repo, "init", "-q")
+    return ws, repo
+
+
 def chown_tree(path, uid):
     """``path`` and all below it to uid:uid (links themselves, not what they name)."""
     for root, dirs, files in os.walk(path):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from broker_helpers import CELL_UID, chown_tree, client_argv, client_env, git, needs_root, slot_inproc, write_record  # noqa: F401  # pylint: disable=unused-import
+from broker_helpers import CELL_UID, chown_tree, client_argv, client_env, git, needs_root, new_repo, slot_inproc, write_record  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = needs_root
 
@@ -13,10 +13,7 @@ pytestmark = needs_root
 def workspaces(env):
     """slot0 and slot1 workspaces, each with a git repo, owned by that slot's uids."""
     for slot, uid in (("slot0", CELL_UID), ("slot1", CELL_UID + 65536)):
-        ws = os.path.join(env["ws"], slot)
-        repo = os.path.join(ws, "repo")
-        os.makedirs(repo)
-        git(repo, "init", "-q")
+        ws, repo = new_repo(env, slot)
         with open(os.path.join(repo, "README"), "w") as fh:
             fh.write(slot)
         chown_tree(ws, uid)

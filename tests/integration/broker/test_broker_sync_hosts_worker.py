@@ -6,15 +6,12 @@ import os
 
 import pytest
 
-from broker_helpers import CELL_UID, chown_tree, git, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
+from broker_helpers import CELL_UID, chown_tree, git, needs_root, new_repo, slot_inproc  # noqa: F401  # pylint: disable=unused-import
 
 
 @pytest.fixture
 def repo(env):
-    ws = os.path.join(env["ws"], "slot0")
-    path = os.path.join(ws, "repo")
-    os.makedirs(path)
-    git(path, "init", "-q")
+    ws, path = new_repo(env)
     git(path, "commit", "-q", "--allow-empty", "-m", "x")
     chown_tree(ws, CELL_UID)
     return path

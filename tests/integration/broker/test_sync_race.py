@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from broker_helpers import CELL_UID, SYNC_PYTHON, chown_tree, git, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
+from broker_helpers import CELL_UID, SYNC_PYTHON, chown_tree, git, needs_root, new_repo, slot_inproc  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = needs_root
 
@@ -42,10 +42,7 @@ while True:
 
 @pytest.fixture
 def racy(env):
-    ws = os.path.join(env["ws"], "slot0")
-    repo = os.path.join(ws, "repo")
-    os.makedirs(repo)
-    git(repo, "init", "-q")
+    ws, repo = new_repo(env)
     with open(os.path.join(repo, "f.txt"), "w") as fh:
         fh.write("hello\n")
     with open(os.path.join(repo, ".gitattributes"), "w") as fh:

@@ -8,7 +8,7 @@ __metaclass__ = type
 
 
 class ModuleDocFragment(object):
-    """The default owner and group of the entries; full check and diff mode."""
+    """The author, the default owner and group of the entries; full check and diff mode."""
 
     DOCUMENTATION = r'''
 options:
@@ -25,4 +25,6 @@ attributes:
     support: full
   diff_mode:
     support: full
+author:
+  - chv.fleet maintainers (@chv-fleet)
 '''

@@ -23,8 +23,6 @@ description:
     create it) is not an error; the path is reported as changed.
   - Linux only; SELinux contexts and ACLs are left as they are.
 version_added: 0.1.0
-author:
-  - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment: chv.fleet.owned_entries
 options:
   paths:

@@ -29,8 +29,6 @@ description:
   - Linux only; SELinux contexts and ACLs are left as they are. Content is text (UTF-8); secrets belong
     in a task of their own with C(no_log).
 version_added: 0.1.0
-author:
-  - chv.fleet maintainers (@chv-fleet)
 extends_documentation_fragment: chv.fleet.owned_entries
 options:
   files:

@@ -882,10 +882,8 @@ class Allocation:
 
     def __init__(self, ledger, added, removed, reassigned, conflicts):
         self.ledger = ledger
-        self.added = added
-        self.removed = removed
-        self.reassigned = reassigned
-        self.conflicts = conflicts
+        # slot names: new, dropped, moved to new identities; conflict messages
+        self.added, self.removed, self.reassigned, self.conflicts = added, removed, reassigned, conflicts
 
     def identities(self):
         slots = self.ledger['slots']

@@ -9,6 +9,14 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 
+def entries_spec(key, options):
+    """The argument_spec of such a module: ``key`` the list of its entries (each with ``options``, an
+    owner and a group), owner and group their defaults (doc fragment chv.fleet.owned_entries)."""
+    entry = dict(options, owner=dict(type="str"), group=dict(type="str"))
+    return {key: dict(type="list", elements="dict", required=True, options=entry),
+            "owner": dict(type="str", default="root"), "group": dict(type="str", default="root")}
+
+
 def plan_and_apply(module, label, errors, plan, apply, diff, key, name_of):
     """plan() returns the changes; apply(changes) makes them, except in
     check mode. Exits the module: changed, ``key`` (the name_of of each

@@ -23,8 +23,7 @@ description:
     create it) is not an error; the path is reported as changed.
   - Linux only; SELinux contexts and ACLs are left as they are.
 version_added: 0.1.0
-author:
-  - chv.fleet maintainers (@chv-fleet)
+extends_documentation_fragment: chv.fleet.owned_entries
 options:
   paths:
     description: The directories, in the order they are made.
@@ -40,27 +39,13 @@ options:
         description: Octal mode as a string (V("0755"), V("02750")).
         type: str
         required: true
-      owner:
-        description: User name or number; O(owner) when not set.
-        type: str
-      group:
-        description: Group name or number; O(group) when not set.
-        type: str
-  owner:
-    description: The owner of entries that set none.
-    type: str
-    default: root
-  group:
-    description: The group of entries that set none.
-    type: str
-    default: root
+      owner: {description: "User name or number; O(owner) when not set.", type: str}
+      group: {description: "Group name or number; O(group) when not set.", type: str}
 attributes:
   check_mode:
-    support: full
     description:
       - Reports the paths it would create or change, changing nothing.
   diff_mode:
-    support: full
     description:
       - One line per changed path before and after (C(absent), or mode, uid and gid).
 """
@@ -85,21 +70,15 @@ changed_paths:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.chv.fleet.plugins.module_utils import directories
-from ansible_collections.chv.fleet.plugins.module_utils.converge import plan_and_apply
+from ansible_collections.chv.fleet.plugins.module_utils.converge import entries_spec, plan_and_apply
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            paths=dict(type="list", elements="dict", required=True, options=dict(
-                path=dict(type="str", required=True),
-                mode=dict(type="str", required=True),
-                owner=dict(type="str"),
-                group=dict(type="str"),
-            )),
-            owner=dict(type="str", default="root"),
-            group=dict(type="str", default="root"),
-        ),
+        argument_spec=entries_spec("paths", dict(
+            path=dict(type="str", required=True),
+            mode=dict(type="str", required=True),
+        )),
         supports_check_mode=True,
     )
     p = module.params

@@ -29,8 +29,7 @@ description:
   - Linux only; SELinux contexts and ACLs are left as they are. Content is text (UTF-8); secrets belong
     in a task of their own with C(no_log).
 version_added: 0.1.0
-author:
-  - chv.fleet maintainers (@chv-fleet)
+extends_documentation_fragment: chv.fleet.owned_entries
 options:
   files:
     description: The entries, in the order they are applied.
@@ -56,12 +55,8 @@ options:
       mode:
         description: Octal mode as a string (V("0644")). Required with O(files[].state=file).
         type: str
-      owner:
-        description: User name or number; O(owner) when not set.
-        type: str
-      group:
-        description: Group name or number; O(group) when not set.
-        type: str
+      owner: {description: "User name or number; O(owner) when not set.", type: str}
+      group: {description: "Group name or number; O(group) when not set.", type: str}
       validate:
         description:
           - A command that checks the new content before it replaces the destination; V(%s) is the
@@ -71,22 +66,12 @@ options:
         description: V(false) leaves an existing file as it is (content, mode and owner).
         type: bool
         default: true
-  owner:
-    description: The owner of file entries that set none.
-    type: str
-    default: root
-  group:
-    description: The group of file entries that set none.
-    type: str
-    default: root
 attributes:
   check_mode:
-    support: full
     description:
       - Reports the destinations it would create, change or remove, changing nothing; validate
         commands are not run.
   diff_mode:
-    support: full
     description:
       - One diff per changed destination, content before and after (a link's target; mode, uid and
         gid when only those change).
@@ -116,26 +101,20 @@ changed_files:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.chv.fleet.plugins.module_utils import files
-from ansible_collections.chv.fleet.plugins.module_utils.converge import plan_and_apply
+from ansible_collections.chv.fleet.plugins.module_utils.converge import entries_spec, plan_and_apply
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            files=dict(type="list", elements="dict", required=True, options=dict(
-                dest=dict(type="str", required=True),
-                state=dict(type="str", default="file", choices=list(files.STATES)),
-                content=dict(type="str"),
-                src=dict(type="str"),
-                mode=dict(type="str"),
-                owner=dict(type="str"),
-                group=dict(type="str"),
-                validate=dict(type="str"),
-                force=dict(type="bool", default=True),
-            )),
-            owner=dict(type="str", default="root"),
-            group=dict(type="str", default="root"),
-        ),
+        argument_spec=entries_spec("files", dict(
+            dest=dict(type="str", required=True),
+            state=dict(type="str", default="file", choices=list(files.STATES)),
+            content=dict(type="str"),
+            src=dict(type="str"),
+            mode=dict(type="str"),
+            validate=dict(type="str"),
+            force=dict(type="bool", default=True),
+        )),
         supports_check_mode=True,
     )
     p = module.params

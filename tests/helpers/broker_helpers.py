@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+import procs
 from testpaths import SRC
 
 from chv_guest.broker import server
@@ -47,6 +48,29 @@ def write_record(cells_dir, slot, pid, uid_base=CELL_UID, uid_size=CELL_UID_SIZE
     with open(os.path.join(cells_dir, slot + ".json"), "w") as fh:
         json.dump({"slot": slot, "pid": pid, "uid_base": uid_base, "uid_size": uid_size,
                    "started": time.time()}, fh)
+
+
+def git(cwd, *args):
+    """git as root on trees the cells' uids own (safe.directory), with an identity for commits."""
+    subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "safe.directory=*", "-c", "user.name=t",
+                    "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def new_repo(env, slot="slot0"):
+    """An empty git repository "repo" in ``slot``'s new workspace (root's until chown_tree): (workspace, repo)."""
+    ws = os.path.join(env["ws"], slot)
+    repo = os.path.join(ws, "repo")
+    os.makedirs(repo)
+    git(repo, "init", "-q")
+    return ws, repo
+
+
+def chown_tree(path, uid):
+    """``path`` and all below it to uid:uid (links themselves, not what they name)."""
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            os.lchown(os.path.join(root, n), uid, uid)
+    os.lchown(path, uid, uid)
 
 
 class CellCgroup:
@@ -184,12 +208,7 @@ class BrokerProc:
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            procs.stop(self.proc, 5)
 
 
 def make_listener(path):
@@ -436,12 +455,7 @@ class DoorClient:
 
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            procs.stop(self.proc, 10, end=self.proc.stdin.close)
 
 
 def busy_for(reply, quota, slot):

@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+import procs
 from testpaths import SRC
 
 from chv_guest.browser import server as _server
@@ -117,7 +118,35 @@ class Stall:
 STALL = Stall()
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler that answers with reply() and logs nothing."""
+
+    def reply(self, status, body, ctype, extra=None):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serving(handler):
+    """An HTTP server of ``handler`` on 127.0.0.1 (a free port), in a thread of its own; yields its URL."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield "http://127.0.0.1:%d" % srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class Handler(QuietHandler):
     def do_GET(self):  # noqa: N802 (stdlib name)
         if self.path.startswith("/stall/"):
             if not STALL.serve(self, self.path[len("/stall/"):]):
@@ -131,26 +160,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             "/slow": (SLOW, "text/html", {}),
             "/download": (DOWNLOAD, "application/zip", {"Content-Disposition": "attachment; filename=x.zip"}),
         }.get(self.path, (b"not found", "text/plain", {}))
-        self.send_response(200 if body != b"not found" else 404)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in extra.items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply(200 if body != b"not found" else 404, body, ctype, extra)
 
 
 @pytest.fixture(scope="module")
 def site():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield "http://127.0.0.1:%d" % srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 class BrowserProc:
@@ -191,12 +207,7 @@ class BrowserProc:
             return fh.read()[-size:].decode("utf-8", "replace")
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        procs.stop(self.proc, 20)
 
 
 @contextlib.contextmanager

@@ -53,6 +53,18 @@ NEEDS_REAL_CELLS = [
         reason="systemd-nspawn, ip and nsenter are needed for real cells",
     ),
 ]
+
+
+def real_cells_marks(tools, root_reason="real cells need root"):
+    """The pytestmark of a module of real cells that needs ``tools`` (named in its skip reason)."""
+    return [
+        pytest.mark.cells,
+        pytest.mark.skipif(os.geteuid() != 0, reason=root_reason),
+        pytest.mark.skipif(not all(shutil.which(t) for t in tools),
+                           reason="%s and %s are needed" % (", ".join(tools[:-1]), tools[-1])),
+    ]
+
+
 # nspawn's line at a cell's end on these machines (the host's /run is no tmpfs):
 # noise the tests leave out of the launcher's stderr
 NOISE = 'Attempted to remove disk file system under "/run/systemd/nspawn/propagate/'

@@ -4,22 +4,18 @@ veths, cgroups, propagate entries, mounts and directory."""
 import glob
 import os
 
+import procs
+
 LAB_ROOT = "/var/lib/chv-fleet-lab"
 
 
 def lab_traces(lab):
     """Everything of a lab that may exist on the host."""
     traces = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            prefix = ("%s/%s/" % (LAB_ROOT, lab)).encode()
-            if argv[0].endswith(b"systemd-nspawn") and any(a.startswith(prefix) for a in argv):
-                traces.append("process %s" % pid)
+    prefix = ("%s/%s/" % (LAB_ROOT, lab)).encode()
+    for pid, argv in procs.cmdlines():
+        if argv[0].endswith(b"systemd-nspawn") and any(a.startswith(prefix) for a in argv):
+            traces.append("process %s" % pid)
     traces += ["veth " + p for p in glob.glob("/sys/class/net/ve-%s*" % lab)]
     traces += ["cgroup " + p for p in glob.glob("/sys/fs/cgroup/*/chv-lab/%s-*" % lab)]
     traces += ["cgroup " + p for p in glob.glob("/sys/fs/cgroup/chv-lab/%s-*" % lab)]

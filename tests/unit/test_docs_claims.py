@@ -32,14 +32,12 @@ TOP_FILES = ("site.yml", "remove.yml", "Makefile", "galaxy.yml", "README.md", "D
 CODE_DIRS = ("roles", "plugins", "playbooks", "lab", "molecule", "src", "site.yml", "remove.yml", "meta", "Makefile",
              "tests", "hack", "bench", ".config")
 SKIP_DIRS = {".git", ".venv", ".venv312", "build", "__pycache__", "node_modules"}
-SPAN = re.compile(r"`([^`\n]+)`")
 TEST_NAME = re.compile(r"^(test_[A-Za-z0-9_]+)(\.\.\.|\*)?$")
 TEST_FILE = re.compile(r"^(test_[A-Za-z0-9_]+\.py)(?:::(test_[A-Za-z0-9_]+)(\.\.\.|\*)?)?$")
 # a variable, a prefix glob of variables (`chv_cell_*`) or a setting (`chv_cell_slots: 0`)
 VARIABLE_SPAN = re.compile(r"^(chv_[a-z0-9_]+?|cell_nat_[a-z0-9_]+?|lab_[a-z0-9_]+?)(_?\*)?(?::\s.*)?$")
 FQCN = re.compile(r"^chv\.(fleet|fleet_lab)\.([a-z0-9_]+)$")
 PY_FILE = re.compile(r"^([A-Za-z0-9_]+\.py)$")
-DEF = re.compile(r"^\s*(?:async\s+)?def\s+(test_[A-Za-z0-9_]+)", re.M)
 
 
 def _walk(top):
@@ -47,6 +45,10 @@ def _walk(top):
         dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
         for f in filenames:
             yield os.path.join(dirpath, f)
+
+
+# a test function's definition in a module's text
+DEF = re.compile(r"^\s*(?:async\s+)?def\s+(test_[A-Za-z0-9_]+)", re.M)
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,6 +152,10 @@ def _fqcn_exists(collection, name):
                 if re.search(r"[\"']%s[\"']\s*:" % re.escape(name), fh.read()):
                     return True
     return False
+
+
+# a code span of a page
+SPAN = re.compile(r"`([^`\n]+)`")
 
 
 def _claims():

@@ -7,9 +7,11 @@ __metaclass__ = type
 
 
 class ModuleDocFragment(object):
-    """The lab modules' attributes: check mode, no diff, run on the lab host."""
+    """The lab modules' author and attributes: check mode, no diff, run on the lab host."""
 
     DOCUMENTATION = r'''
+author:
+  - chv.fleet maintainers (@chv-fleet)
 attributes:
   check_mode:
     support: full

@@ -23,11 +23,7 @@ description:
   - Reports the sizes and where the space goes (a C(du) of the root file
     system) and writes them to C(NAME.json) beside the disk.
   - Part of the guest image bake (C(chv.fleet_lab.bake_image)); runs on the lab host as root.
-author:
-  - chv.fleet maintainers (@chv-fleet)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - chv.fleet_lab.lab
+extends_documentation_fragment: [ansible.builtin.action_common_attributes, chv.fleet_lab.lab]
 options:
   root:
     description: The (generalized) root file system.

@@ -32,11 +32,7 @@ description:
     ConfigDrive), an sshd drop-in that makes missing host keys, a neutral
     hostname and C(/etc/hosts).
   - Part of the guest image bake (C(chv.fleet_lab.bake_image)); runs on the lab host as root.
-author:
-  - chv.fleet maintainers (@chv-fleet)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - chv.fleet_lab.lab
+extends_documentation_fragment: [ansible.builtin.action_common_attributes, chv.fleet_lab.lab]
 options:
   root:
     description: The root file system to generalize (the guest must be powered off).

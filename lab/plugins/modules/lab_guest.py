@@ -32,11 +32,7 @@ description:
   - A guest that does not come up is reported with the tail of its console
     and removed (with I(state=rebooted), left stopped, its root kept).
   - Part of the local test lab (C(chv.fleet_lab.lab_up)); runs on the lab host as root.
-author:
-  - chv.fleet maintainers (@chv-fleet)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - chv.fleet_lab.lab
+extends_documentation_fragment: [ansible.builtin.action_common_attributes, chv.fleet_lab.lab]
 options:
   name:
     description: Guest (machine and host) name; the host-side veth is C(ve-NAME).

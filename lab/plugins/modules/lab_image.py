@@ -19,11 +19,7 @@ description:
   - The cache entry is keyed by distribution, package list and apt sources;
     a matching entry is reused without touching the network.
   - Part of the local test lab (C(chv.fleet_lab.lab_up)); runs on the lab host.
-author:
-  - chv.fleet maintainers (@chv-fleet)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - chv.fleet_lab.lab
+extends_documentation_fragment: [ansible.builtin.action_common_attributes, chv.fleet_lab.lab]
 options:
   distro:
     description: Debian release of the image.

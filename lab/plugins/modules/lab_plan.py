@@ -20,11 +20,7 @@ description:
     distribution is unknown, or the address range overlaps a route of the
     lab host that does not belong to this lab's own guests.
   - Changes nothing; the first step of C(chv.fleet_lab.lab_up).
-author:
-  - chv.fleet maintainers (@chv-fleet)
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - chv.fleet_lab.lab
+extends_documentation_fragment: [ansible.builtin.action_common_attributes, chv.fleet_lab.lab]
 options:
   lab_name:
     description: Name of the lab; generated guest names are C(<lab_name><n>).

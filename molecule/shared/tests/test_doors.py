@@ -14,6 +14,7 @@ requests, and a counter-proof removes the doors' rules (output chain) and
 sees the same probes arrive.
 """
 
+import contextlib
 import json
 import shlex
 import socket
@@ -73,17 +74,17 @@ class OutsideTLS(object):
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
-        while True:
-            try:
-                conn, dummy = self.sock.accept()
-            except OSError:
-                return
+        with contextlib.suppress(OSError):  # accept() fails once close() shut the socket down
+            while True:
+                self._record(self.sock.accept()[0])
+
+    def _record(self, conn):
+        with conn:
             conn.settimeout(3)
             try:
                 self.seen.append(conn.recv(3).hex())
             except OSError:
                 self.seen.append("")
-            conn.close()
 
     def close(self):
         # shutdown wakes the thread blocked in accept(); close alone would keep
@@ -101,12 +102,13 @@ def guest_log(host, path=LOG):
 
 
 def wait_for(predicate, seconds=5.0):
+    """Whether ``predicate()`` came true within ``seconds`` (asked every 0.2 s, and once more at the end)."""
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if predicate():
-            return True
+    while not predicate():
+        if time.monotonic() >= end:
+            return False
         time.sleep(0.2)
-    return predicate()
+    return True
 
 
 @pytest.fixture(scope="module")

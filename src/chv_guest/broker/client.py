@@ -22,24 +22,35 @@ from typing import List
 SOCKET = os.environ.get("CHV_BROKER_SOCKET", "/run/chv/broker.sock")
 
 
+def read_line(s: socket.socket) -> bytes:
+    """What the peer sends up to its first newline; all it sent when it hangs up before one."""
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def request(line: str, path: str = SOCKET, timeout: float = 180.0) -> bytes:
+    """Send one request line to the broker at ``path``; its reply line (see read_line)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        try:
+            s.sendall(line.encode("utf-8").replace(b"\n", b" ") + b"\n")
+        except BrokenPipeError:
+            pass  # a rejected peer is answered before its request is read: read that answer
+        return read_line(s)
+
+
 def main(argv: List[str]) -> int:
     if len(argv) != 2:
         sys.stderr.write(__doc__ or "")
         return 2
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(float(os.environ.get("CHV_BROKER_TIMEOUT", "180")))
-            s.connect(SOCKET)
-            try:
-                s.sendall(argv[1].encode("utf-8").replace(b"\n", b" ") + b"\n")
-            except BrokenPipeError:
-                pass  # a rejected peer is answered before its request is read: read that answer
-            buf = b""
-            while not buf.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
+        buf = request(argv[1], SOCKET, float(os.environ.get("CHV_BROKER_TIMEOUT", "180")))
     except OSError as exc:
         sys.stderr.write("chv_guest/broker/client.py: %s\n" % exc)
         return 2

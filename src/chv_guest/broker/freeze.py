@@ -1,28 +1,8 @@
 """Freeze the requesting cell while chv-broker syncs its repository (standard library only).
 
-The sync worker checks the repository (``syncrun.check_git_dir``, the config
-key allow-list) and then runs git, which reads the same cell-owned files
-again (``.git/config``, ``.gitattributes``, ``commondir``...).  A running
-cell could swap them in between (a filter driver defined after the check).
-So the cell does not run while its sync does: chv-broker freezes the cell's
-cgroup (cgroup v2 ``cgroup.freeze``, a core file: no controller needs to be
-delegated) before the worker starts and thaws it when the worker is gone.
-Everything the cell could change is then the same for the check and for git.
-
-The cell's cgroup is found from the leader's ``/proc/<pid>/cgroup``: the
-outermost path component the launcher names for the slot
-(``chv-cell-<slot>`` in scope "standalone", ``chv-cell-<slot>-<run>.scope``
-in scope "systemd"), so the cell cannot step out of it by moving its own
-leader into a child cgroup.  No such component: no sync (fail closed).
-
-Writes go to ``cgroup.freeze`` directly, or, where chv-broker's cgroup file
-system is read-only (ProtectControlGroups=yes) and the cell is a systemd
-unit, through systemd (``systemctl freeze``/``thaw``).  Freezes of one
-slot are counted (two syncs of a slot at once thaw it once, at the end).
-A crash cannot leave a cell frozen: chv-broker.service runs
-``chv-broker --thaw-all`` before it starts and after it stops
-(ExecStartPre=/ExecStopPost=, also after a crash), which thaws every
-cell's cgroup of the cell records.
+The worker's checks and git read the same cell-owned files: a frozen cell
+cannot swap them in between. Which cgroup, how it is frozen, the counting
+and --thaw-all: docs/security.md ("Check = use").
 """
 from __future__ import annotations
 
@@ -33,6 +13,8 @@ import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
+
+from . import peer
 
 if TYPE_CHECKING:
     from .peer import Cell
@@ -164,13 +146,7 @@ def thaw_all(cells_dir: str, freezer: Optional[Freezer] = None) -> List[str]:
     """Thaw the cgroup of every cell record (chv-broker --thaw-all). Returns the ones thawed."""
     freezer = freezer or Freezer()
     done: List[str] = []
-    try:
-        names = sorted(os.listdir(cells_dir))
-    except FileNotFoundError:
-        return done
-    for name in names:
-        if not name.endswith(".json"):
-            continue
+    for name in peer.record_names(cells_dir):
         try:
             with open(os.path.join(cells_dir, name), encoding="utf-8") as fh:
                 rec = json.load(fh)

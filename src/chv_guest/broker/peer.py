@@ -1,29 +1,9 @@
 """Peer check: which live cell (if any) is on the other end of a connection.
 
-A peer belongs to slot S when, for the live cell record of S written by the
-launcher in the root-only state directory:
-  * the peer's SO_PEERCRED uid lies in [uid_base, uid_base + uid_size), and
-  * the peer's pid namespace (readlink /proc/<peer>/ns/pid) is the pid
-    namespace of the cell's leader process (readlink /proc/<leader>/ns/pid).
-
-Nothing a cell can write takes part in the decision: the records come from a
-directory cells never see, the namespace identity comes from the kernel.
-Reading another user's /proc/<pid>/ns/* needs CAP_SYS_PTRACE (ptrace read
-access); the broker keeps that capability for this reason only.
-
-Pid reuse: where the kernel supports SO_PEERPIDFD (Linux >= 6.5) the broker
-holds a pidfd for the very process that connected; otherwise it opens one
-right after SO_PEERCRED.  After reading the namespace it checks the pidfd's
-process is still alive, so a recycled pid cannot pass for the peer.
-
-macOS (sys.platform "darwin", docs/macos.md; not run on real macOS yet):
-no pid namespaces, and each slot's identity is one unprivileged user (the
-launcher's record has uid_size 1).  The peer's uid comes from the kernel
-(getsockopt SOL_LOCAL/LOCAL_PEERCRED, a struct xucred, as getpeereid(3)
-reads it); a peer belongs to slot S when that uid is S's slot user and S's
-record names a live launcher child.  Weaker than Linux: any process of the
-slot user passes, not only those of the live cell's process tree (the slot
-users run nothing but cells: no shell, no password, hidden).
+A peer is slot S's when its uid lies in S's range and its pid namespace is
+that of S's leader (on macOS: its uid is S's slot user), by the launcher's
+records and the kernel only; the steps, and why each: docs/services.md
+("The peer check"), docs/macos.md for macOS.
 """
 from __future__ import annotations
 
@@ -87,9 +67,10 @@ def _peer_pidfd(conn: socket.socket, pid: int) -> Optional[int]:
         return None
 
 
-def _alive(pidfd: int) -> bool:
+def _exists(signal_zero: Callable[[], None]) -> bool:
+    """Whether the process that ``signal_zero`` sends signal 0 to exists."""
     try:
-        signal.pidfd_send_signal(pidfd, 0)
+        signal_zero()
         return True
     except ProcessLookupError:
         return False
@@ -98,8 +79,20 @@ def _alive(pidfd: int) -> bool:
         return True
 
 
+def _alive(pidfd: int) -> bool:
+    return _exists(lambda: signal.pidfd_send_signal(pidfd, 0))
+
+
 def pid_namespace(pid: int, proc: str = "/proc") -> str:
     return os.readlink(os.path.join(proc, str(pid), "ns", "pid"))
+
+
+def record_names(cells_dir: str) -> List[str]:
+    """The file names of the cell records (NAME.json) in ``cells_dir``, sorted; none when it is missing."""
+    try:
+        return sorted(n for n in os.listdir(cells_dir) if n.endswith(".json"))
+    except FileNotFoundError:
+        return []
 
 
 def load_cells(cells_dir: str) -> List[Cell]:
@@ -109,12 +102,8 @@ def load_cells(cells_dir: str) -> List[Cell]:
     launcher's start time, where the record has it).
     """
     cells: List[Cell] = []
-    try:
-        names = sorted(os.listdir(cells_dir))
-    except FileNotFoundError:
-        return cells
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
+    for name in record_names(cells_dir):
+        if name.startswith("."):
             continue
         try:
             with open(os.path.join(cells_dir, name), "rb") as fh:
@@ -201,13 +190,7 @@ def match_slot_user(uid: int, cells: List[Cell], alive: Callable[[int], bool]) -
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    return _exists(lambda: os.kill(pid, 0))
 
 
 class PeerChecker:

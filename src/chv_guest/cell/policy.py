@@ -295,14 +295,28 @@ def _typed_slots(slots: object, fields: Mapping[str, type], errors: List[str]) -
     return out
 
 
+def _named_slots(slots: object, fields: Mapping[str, type], errors: List[str]) -> Iterable[Tuple[int, Slot, str]]:
+    """(index, slot, where) of each well-typed slot, its name checked; ``where`` names it in errors."""
+    for i, s in _typed_slots(slots, fields, errors):
+        where = "slots[%d] (%s)" % (i, s["name"])
+        if not _SLOT_RE.match(s["name"]):
+            errors.append("%s: name must match %s" % (where, _SLOT_RE.pattern))
+        yield i, s, where
+
+
+def _check_unique(seen: Dict[str, Dict[object, int]], i: int, s: Slot, where: str, errors: List[str]) -> None:
+    """Each key of ``seen`` a value no earlier slot has; records slot ``i``'s."""
+    for key in seen:
+        if s[key] in seen[key]:
+            errors.append("%s: %s %r also used by slots[%d]" % (where, key, s[key], seen[key][s[key]]))
+        seen[key][s[key]] = i
+
+
 def _check_slots(slots: object, errors: List[str]) -> None:
     seen: Dict[str, Dict[object, int]] = {k: {} for k in ("name", "index", "machine", "host_ifname")}
     nets: List[Tuple[int, ipaddress.IPv4Network]] = []
     ranges = []
-    for i, s in _typed_slots(slots, SLOT_FIELDS, errors):
-        where = "slots[%d] (%s)" % (i, s["name"])
-        if not _SLOT_RE.match(s["name"]):
-            errors.append("%s: name must match %s" % (where, _SLOT_RE.pattern))
+    for i, s, where in _named_slots(slots, SLOT_FIELDS, errors):
         if not _MACHINE_RE.match(s["machine"]):
             errors.append("%s: machine %r is not a valid machine name" % (where, s["machine"]))
         for key in ("host_ifname", "cell_ifname"):
@@ -310,10 +324,7 @@ def _check_slots(slots: object, errors: List[str]) -> None:
                 errors.append("%s: %s %r must be 1-15 characters [A-Za-z0-9_.-]" % (where, key, s[key]))
         if s["cell_ifname"] == "lo":
             errors.append("%s: cell_ifname must not be lo" % where)
-        for key in seen:
-            if s[key] in seen[key]:
-                errors.append("%s: %s %r also used by slots[%d]" % (where, key, s[key], seen[key][s[key]]))
-            seen[key][s[key]] = i
+        _check_unique(seen, i, s, where, errors)
         try:
             net = ipaddress.IPv4Network(s["subnet"])
             gw = ipaddress.IPv4Address(s["gateway"])
@@ -357,20 +368,14 @@ def _check_slots(slots: object, errors: List[str]) -> None:
 def _check_darwin_slots(slots: object, errors: List[str]) -> None:
     """A darwin policy's slots: each an unprivileged user of its own."""
     seen: Dict[str, Dict[object, int]] = {k: {} for k in ("name", "index", "user", "uid_base")}
-    for i, s in _typed_slots(slots, DARWIN_SLOT_FIELDS, errors):
-        where = "slots[%d] (%s)" % (i, s["name"])
-        if not _SLOT_RE.match(s["name"]):
-            errors.append("%s: name must match %s" % (where, _SLOT_RE.pattern))
+    for i, s, where in _named_slots(slots, DARWIN_SLOT_FIELDS, errors):
         if not _USER_RE.match(s["user"]):
             errors.append("%s: user %r is not a user name" % (where, s["user"]))
         if s["uid_base"] < 500 or s["uid_base"] > 2**31 - 1:
             errors.append("%s: uid_base %d must be an unprivileged uid (500 .. 2^31-1)" % (where, s["uid_base"]))
         if s["uid_size"] != 1:
             errors.append("%s: uid_size must be 1 (the slot user is the cell's only uid)" % where)
-        for key in seen:
-            if s[key] in seen[key]:
-                errors.append("%s: %s %r also used by slots[%d]" % (where, key, s[key], seen[key][s[key]]))
-            seen[key][s[key]] = i
+        _check_unique(seen, i, s, where, errors)
 
 
 def _bind_targets(binds: object) -> List[str]:

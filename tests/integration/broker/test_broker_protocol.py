@@ -9,6 +9,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import procs
 from broker_helpers import BrokerProc, client_argv, client_env, needs_root, write_record, wire
 from chv_guest.broker import peer
 
@@ -121,16 +122,7 @@ def test_fuzz_one_reply_never_a_crash(inproc, payload):
 
 
 def _find_pids(marker):
-    pids = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % p, "rb") as fh:
-                    if fh.read().split(b"\0")[:2] == [b"sleep", marker.encode()]:
-                        pids.append(int(p))
-            except OSError:
-                pass
-    return pids
+    return [int(pid) for pid, argv in procs.cmdlines() if argv[:2] == [b"sleep", marker.encode()]]
 
 
 def test_killed_mid_request_then_restarted(env, cell):

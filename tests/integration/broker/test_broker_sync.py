@@ -1,43 +1,26 @@
 """sync: path confinement, the run-as identity, git hardening, credentials."""
 import json
 import os
-import subprocess
 
 import pytest
 
-from broker_helpers import CELL_UID, client_argv, client_env, needs_root, slot_inproc, write_record  # noqa: F401  # pylint: disable=unused-import
+from broker_helpers import CELL_UID, chown_tree, client_argv, client_env, git, needs_root, new_repo, slot_inproc, write_record  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = needs_root
-
-
-def _git(cwd, *args):
-    # the tests run git as root on trees owned by cell uids
-    subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "safe.directory=*", *args], cwd=cwd, check=True,
-                   capture_output=True)
-
-
-def _chown_tree(path, uid):
-    for root, dirs, files in os.walk(path):
-        for n in dirs + files:
-            os.lchown(os.path.join(root, n), uid, uid)
-    os.lchown(path, uid, uid)
 
 
 @pytest.fixture
 def workspaces(env):
     """slot0 and slot1 workspaces, each with a git repo, owned by that slot's uids."""
     for slot, uid in (("slot0", CELL_UID), ("slot1", CELL_UID + 65536)):
-        ws = os.path.join(env["ws"], slot)
-        repo = os.path.join(ws, "repo")
-        os.makedirs(repo)
-        _git(repo, "init", "-q")
+        ws, repo = new_repo(env, slot)
         with open(os.path.join(repo, "README"), "w") as fh:
             fh.write(slot)
-        _chown_tree(ws, uid)
+        chown_tree(ws, uid)
     secret = os.path.join(env["root"], "outside")
     os.makedirs(secret)
-    _git(secret, "init", "-q")
-    _chown_tree(secret, CELL_UID)  # a tree the cell uid owns, outside the workspace
+    git(secret, "init", "-q")
+    chown_tree(secret, CELL_UID)  # a tree the cell uid owns, outside the workspace
     return env
 
 
@@ -94,10 +77,10 @@ def test_dangerous_git_config_refused(workspaces, slot_inproc):
                        ("url.https://evil.invalid/.insteadOf", "https://github.com/"),
                        ("include.path", "/nonexistent/chv-include"),
                        ("core.sshCommand", "touch " + marker)):
-        _git(repo, "config", key, value)
+        git(repo, "config", key, value)
         rep = slot_inproc.call({"op": "sync", "action": "status", "repo": "repo"})
         assert rep["ok"] is False and key.lower() in rep["error"].lower(), (key, rep)
-        _git(repo, "config", "--unset", key)
+        git(repo, "config", "--unset", key)
     assert not os.path.exists(marker)
     assert slot_inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
 
@@ -122,7 +105,7 @@ def test_gitdir_outside_workspace_refused(workspaces, slot_inproc):
     os.makedirs(d)
     with open(os.path.join(d, ".git"), "w") as fh:
         fh.write("gitdir: %s\n" % other)
-    _chown_tree(d, CELL_UID)
+    chown_tree(d, CELL_UID)
     rep = slot_inproc.call({"op": "sync", "action": "status", "repo": "linked"})
     assert rep["ok"] is False and "git directory" in rep["error"]
 
@@ -130,7 +113,7 @@ def test_gitdir_outside_workspace_refused(workspaces, slot_inproc):
 def test_pull_uses_only_broker_credentials(workspaces, slot_inproc, env):
     """pull over a disallowed protocol fails; credentials reach git via the helper only."""
     repo = os.path.join(workspaces["ws"], "slot0", "repo")
-    _git(repo, "remote", "add", "origin", os.path.join(workspaces["root"], "outside"))
+    git(repo, "remote", "add", "origin", os.path.join(workspaces["root"], "outside"))
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is True and rep["result"]["returncode"] != 0
     assert "transport 'file' not allowed" in rep["result"]["stderr"]

@@ -3,29 +3,17 @@ cell uid (root: setuid). The allow-list's parsing and matching:
 tests/unit/broker/test_broker_sync_hosts.py."""
 import json
 import os
-import subprocess
 
 import pytest
 
-from broker_helpers import CELL_UID, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
-
-
-def _git(cwd, *args):
-    subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "safe.directory=*", *args], cwd=cwd, check=True,
-                   capture_output=True)
+from broker_helpers import CELL_UID, chown_tree, git, needs_root, new_repo, slot_inproc  # noqa: F401  # pylint: disable=unused-import
 
 
 @pytest.fixture
 def repo(env):
-    ws = os.path.join(env["ws"], "slot0")
-    path = os.path.join(ws, "repo")
-    os.makedirs(path)
-    _git(path, "init", "-q")
-    _git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x")
-    for root, dirs, files in os.walk(ws):
-        for n in dirs + files:
-            os.lchown(os.path.join(root, n), CELL_UID, CELL_UID)
-    os.lchown(ws, CELL_UID, CELL_UID)
+    ws, path = new_repo(env)
+    git(path, "commit", "-q", "--allow-empty", "-m", "x")
+    chown_tree(ws, CELL_UID)
     return path
 
 
@@ -35,7 +23,7 @@ ALLOWED = "https://bot:tok3n@127.0.0.1:9/x.git"
 
 @needs_root
 def test_pull_to_an_unlisted_host_is_refused_before_git_runs(repo, slot_inproc):
-    _git(repo, "remote", "add", "origin", "https://bot:tok3n@evil.example/x.git")
+    git(repo, "remote", "add", "origin", "https://bot:tok3n@evil.example/x.git")
     slot_inproc.cfg["sync"]["hosts"] = ["127.0.0.1", "git.example.org"]
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep == {"ok": False, "error": "sync rejected: remote 'origin' (https://evil.example/x.git): "
@@ -43,12 +31,12 @@ def test_pull_to_an_unlisted_host_is_refused_before_git_runs(repo, slot_inproc):
     # status talks to no remote: not refused
     assert slot_inproc.call({"op": "sync", "action": "status", "repo": "repo"})["ok"] is True
     # control: a listed host -- git runs (and fails to connect to the closed port)
-    _git(repo, "remote", "set-url", "origin", ALLOWED)
+    git(repo, "remote", "set-url", "origin", ALLOWED)
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is True and rep["result"]["returncode"] != 0, rep
     assert "127.0.0.1" in rep["result"]["stderr"] and "tok3n" not in json.dumps(rep)
     # and no host list: the unlisted host is git's (and the kernel's) business again
-    _git(repo, "remote", "set-url", "origin", "https://evil.invalid/x.git")
+    git(repo, "remote", "set-url", "origin", "https://evil.invalid/x.git")
     slot_inproc.cfg["sync"]["hosts"] = []
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is True and rep["result"]["returncode"] != 0, rep
@@ -59,22 +47,22 @@ def test_pull_to_an_unlisted_host_is_refused_before_git_runs(repo, slot_inproc):
 @needs_root
 def test_push_checks_the_pushurl_and_the_push_remote(repo, slot_inproc):
     slot_inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
-    _git(repo, "remote", "add", "origin", ALLOWED)
-    _git(repo, "config", "remote.origin.pushurl", "ssh://git@evil.example/x.git")
+    git(repo, "remote", "add", "origin", ALLOWED)
+    git(repo, "config", "remote.origin.pushurl", "ssh://git@evil.example/x.git")
     rep = slot_inproc.call({"op": "sync", "action": "push", "repo": "repo"})
     assert rep["ok"] is False and "remote 'origin' (ssh://evil.example/x.git)" in rep["error"], rep
     assert slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})["ok"] is True  # fetch uses url
-    _git(repo, "config", "--unset", "remote.origin.pushurl")
+    git(repo, "config", "--unset", "remote.origin.pushurl")
     rep = slot_inproc.call({"op": "sync", "action": "push", "repo": "repo"})
     assert rep["ok"] is True and rep["result"]["returncode"] != 0, rep  # control: git ran
     # branch.main.pushRemote names another remote (scp-like, unlisted)
-    _git(repo, "remote", "add", "other", "git@evil.example:x.git")
-    _git(repo, "config", "branch.main.pushRemote", "other")
+    git(repo, "remote", "add", "other", "git@evil.example:x.git")
+    git(repo, "config", "branch.main.pushRemote", "other")
     rep = slot_inproc.call({"op": "sync", "action": "push", "repo": "repo"})
     assert rep["ok"] is False and "remote 'other' (evil.example:x.git)" in rep["error"], rep
     # branch.main.remote as a URL (git uses the name as the URL)
-    _git(repo, "config", "--unset", "branch.main.pushRemote")
-    _git(repo, "config", "branch.main.remote", "https://u:tok3n@evil.example/x.git")
+    git(repo, "config", "--unset", "branch.main.pushRemote")
+    git(repo, "config", "branch.main.remote", "https://u:tok3n@evil.example/x.git")
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is False and "remote https://evil.example/x.git:" in rep["error"], rep
     assert "tok3n" not in rep["error"]
@@ -84,18 +72,18 @@ def test_push_checks_the_pushurl_and_the_push_remote(repo, slot_inproc):
 def test_local_remotes_are_refused_with_a_host_list(repo, slot_inproc, env):
     outside = os.path.join(env["root"], "outside")
     os.makedirs(outside)
-    _git(outside, "init", "-q", "--bare")
-    _git(repo, "remote", "add", "origin", outside)
+    git(outside, "init", "-q", "--bare")
+    git(repo, "remote", "add", "origin", outside)
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})  # control: no host list, git refuses
     assert rep["ok"] is True and "transport 'file' not allowed" in rep["result"]["stderr"], rep
     slot_inproc.cfg["sync"]["hosts"] = ["127.0.0.1"]
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is False and "local paths are refused while chv_broker_sync_hosts is set" in rep["error"]
-    _git(repo, "remote", "set-url", "origin", "file://" + outside)
+    git(repo, "remote", "set-url", "origin", "file://" + outside)
     rep = slot_inproc.call({"op": "sync", "action": "pull", "repo": "repo"})
     assert rep["ok"] is False and "file:// URLs" in rep["error"], rep
     # a remote name with no url at all (git would read .git/remotes/<name>)
-    _git(repo, "remote", "remove", "origin")
+    git(repo, "remote", "remove", "origin")
     os.makedirs(os.path.join(repo, ".git", "remotes"), exist_ok=True)
     with open(os.path.join(repo, ".git", "remotes", "origin"), "w") as fh:
         fh.write("URL: https://evil.example/x.git\n")

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from broker_helpers import CELL_UID, SYNC_PYTHON, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
+from broker_helpers import CELL_UID, SYNC_PYTHON, chown_tree, git, needs_root, new_repo, slot_inproc  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = needs_root
 
@@ -40,30 +40,15 @@ while True:
 '''
 
 
-def _git(cwd, *args):
-    subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "safe.directory=*", "-c", "user.name=t",
-                    "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _chown(path, uid):
-    for root, dirs, files in os.walk(path):
-        for n in dirs + files:
-            os.lchown(os.path.join(root, n), uid, uid)
-    os.lchown(path, uid, uid)
-
-
 @pytest.fixture
 def racy(env):
-    ws = os.path.join(env["ws"], "slot0")
-    repo = os.path.join(ws, "repo")
-    os.makedirs(repo)
-    _git(repo, "init", "-q")
+    ws, repo = new_repo(env)
     with open(os.path.join(repo, "f.txt"), "w") as fh:
         fh.write("hello\n")
     with open(os.path.join(repo, ".gitattributes"), "w") as fh:
         fh.write("f.txt filter=x\n")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "init")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "init")
     leak = os.path.join(ws, "LEAK")
     with open(os.path.join(repo, ".git", "config"), "rb") as fh:
         good = fh.read()
@@ -73,7 +58,7 @@ def racy(env):
         # (double quotes: an unquoted ";" starts a comment in git's config)
         fh.write(good + ('[filter "x"]\n\tclean = "sh -c \'id > %s; cat /proc/self/fd/$CHV_BROKER_CRED_FD >> %s;'
                          ' cat\'"\n' % (leak, leak)).encode())
-    _chown(ws, CELL_UID)
+    chown_tree(ws, CELL_UID)
     return {"ws": ws, "repo": repo, "leak": leak}
 
 
@@ -209,9 +194,9 @@ def test_git_gets_only_the_credential_of_its_remote(racy, slot_inproc, env):
         os.chmod(cred, 0o600)
         slot_inproc.cfg["sync"]["credentials_file"] = cred
         slot_inproc.cfg["sync"]["protocols"] = ["http"]
-        _git(racy["repo"], "remote", "add", "origin", "http://127.0.0.1:%d/r.git" % port)
-        _git(racy["repo"], "config", "--unset", "core.bare")
-        _chown(racy["ws"], CELL_UID)
+        git(racy["repo"], "remote", "add", "origin", "http://127.0.0.1:%d/r.git" % port)
+        git(racy["repo"], "config", "--unset", "core.bare")
+        chown_tree(racy["ws"], CELL_UID)
         # what the worker's git tree holds: the memfd, read by a git command of the operator's
         slot_inproc.cfg["sync"]["commands"] = dict(slot_inproc.cfg["sync"]["commands"], pull=["git", "fetch"])
         _AuthHandler.seen.clear()

@@ -17,17 +17,12 @@ import uuid
 
 import pytest
 
-from broker_helpers import CELL_UID, CELL_UID_SIZE, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
+from broker_helpers import CELL_UID, CELL_UID_SIZE, git, needs_root, slot_inproc  # noqa: F401  # pylint: disable=unused-import
 
 pytestmark = needs_root
 
 UID_A, UID_B = CELL_UID, CELL_UID + CELL_UID_SIZE
 AGENT_GID = 64321  # stands for the agent group every slot directory belonged to
-
-
-def _git(cwd, *args):
-    subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "safe.directory=*", "-c", "user.name=t",
-                    "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True)
 
 
 def _own(path, uid, layout):
@@ -51,12 +46,12 @@ def tenants(request, env):
     # slot B: a repository (its commit message, a config key and a file are markers), its agent state
     b_repo = os.path.join(t["ws_b"], "repo")
     os.makedirs(b_repo)
-    _git(b_repo, "init", "-q")
+    git(b_repo, "init", "-q")
     with open(os.path.join(b_repo, "notes.txt"), "w") as fh:
         fh.write(t["mark_ws"] + "\n")
-    _git(b_repo, "add", "notes.txt")
-    _git(b_repo, "commit", "-q", "-m", t["mark_commit"])
-    _git(b_repo, "config", "chvmark." + t["mark_key"], "1")
+    git(b_repo, "add", "notes.txt")
+    git(b_repo, "commit", "-q", "-m", t["mark_commit"])
+    git(b_repo, "config", "chvmark." + t["mark_key"], "1")
     t["b_repo"], t["b_git"] = b_repo, os.path.join(b_repo, ".git")
     t["b_sha"] = subprocess.run(["git", "-c", "safe.directory=*", "rev-parse", "HEAD"], cwd=b_repo, check=True,
                                 capture_output=True, text=True).stdout.strip()
@@ -79,8 +74,8 @@ def tenants(request, env):
     for name in ("clean", "evil"):
         repo = os.path.join(t["ws_a"], name)
         os.makedirs(repo)
-        _git(repo, "init", "-q")
-        _git(repo, "commit", "-q", "--allow-empty", "-m", "a")
+        git(repo, "init", "-q")
+        git(repo, "commit", "-q", "--allow-empty", "-m", "a")
     t["evil"], t["evil_git"] = os.path.join(t["ws_a"], "evil"), os.path.join(t["ws_a"], "evil", ".git")
     with open(os.path.join(t["ws_a"], "canary"), "w") as fh:  # a file of A itself: checks without the namespace
         fh.write("chvcanary" + token + "\n")
@@ -113,6 +108,26 @@ def _no_marker(t, rep, extra=()):
     assert not leaked, (leaked, rep)
 
 
+def _control_output(broker, argv, expected):
+    """The status command set to ``argv``; on the clean repository it prints ``expected``."""
+    _status_command(broker, argv)
+    rep = _sync(broker, "clean")
+    assert rep["ok"] is True and rep["result"]["returncode"] == 0 and rep["result"]["stdout"].strip() == expected, rep
+
+
+def _refused(t, broker, error):
+    """A's tree owned by A again, then its sync: refused with ``error``, no marker in the reply."""
+    t["own"]()
+    rep = _sync(broker)
+    _no_marker(t, rep)
+    assert rep["ok"] is False and error in rep["error"], rep
+
+
+def _main_at_b_commit(t):
+    with open(os.path.join(t["evil_git"], "refs", "heads", "main"), "w") as fh:
+        fh.write(t["b_sha"] + "\n")
+
+
 def _relink(path, target):
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
@@ -130,26 +145,17 @@ def test_alternates_symlink(tenants, slot_inproc, target):
     _control(slot_inproc)
     alt = os.path.join(t["evil_git"], "objects", "info", "alternates")
     _relink(alt, t[target])
-    t["own"]()
-    rep = _sync(slot_inproc)
-    _no_marker(t, rep)
-    assert rep["ok"] is False and "objects/info/alternates" in rep["error"], rep
+    _refused(t, slot_inproc, "objects/info/alternates")
 
 
 def test_alternates_file_naming_another_slots_objects(tenants, slot_inproc):
     """A plain alternates file (no link) naming B's object store, a ref of A naming B's commit."""
     t = tenants
-    _status_command(slot_inproc, ["git", "log", "-1", "--format=%B"])
-    rep = _sync(slot_inproc, "clean")
-    assert rep["ok"] is True and rep["result"]["returncode"] == 0 and rep["result"]["stdout"].strip() == "a", rep
+    _control_output(slot_inproc, ["git", "log", "-1", "--format=%B"], "a")
     with open(os.path.join(t["evil_git"], "objects", "info", "alternates"), "w") as fh:
         fh.write(os.path.join(t["b_git"], "objects") + "\n")
-    with open(os.path.join(t["evil_git"], "refs", "heads", "main"), "w") as fh:
-        fh.write(t["b_sha"] + "\n")
-    t["own"]()
-    rep = _sync(slot_inproc)
-    _no_marker(t, rep)
-    assert rep["ok"] is False and "objects/info/alternates" in rep["error"], rep
+    _main_at_b_commit(t)
+    _refused(t, slot_inproc, "objects/info/alternates")
     # the same with the alternates naming A's own clean repository: refused by the check itself
     with open(os.path.join(t["evil_git"], "objects", "info", "alternates"), "w") as fh:
         fh.write(os.path.join(t["ws_a"], "clean", ".git", "objects") + "\n")
@@ -162,10 +168,7 @@ def test_packed_refs_symlink(tenants, slot_inproc, target):
     t = tenants
     _control(slot_inproc)
     _relink(os.path.join(t["evil_git"], "packed-refs"), t[target])
-    t["own"]()
-    rep = _sync(slot_inproc)
-    _no_marker(t, rep)
-    assert rep["ok"] is False and "symbolic link in the git directory: .git/packed-refs" in rep["error"], rep
+    _refused(t, slot_inproc, "symbolic link in the git directory: .git/packed-refs")
     # a link to a file of A itself is refused too: the check, not only the namespace
     _relink(os.path.join(t["evil_git"], "packed-refs"), t["canary"])
     rep = _sync(slot_inproc)
@@ -175,30 +178,19 @@ def test_packed_refs_symlink(tenants, slot_inproc, target):
 
 def test_symlinked_objects_dir(tenants, slot_inproc):
     t = tenants
-    _status_command(slot_inproc, ["git", "log", "-1", "--format=%B"])
-    rep = _sync(slot_inproc, "clean")
-    assert rep["ok"] is True and rep["result"]["stdout"].strip() == "a", rep
+    _control_output(slot_inproc, ["git", "log", "-1", "--format=%B"], "a")
     _relink(os.path.join(t["evil_git"], "objects"), os.path.join(t["b_git"], "objects"))
-    with open(os.path.join(t["evil_git"], "refs", "heads", "main"), "w") as fh:
-        fh.write(t["b_sha"] + "\n")
-    t["own"]()
-    rep = _sync(slot_inproc)
-    _no_marker(t, rep)
-    assert rep["ok"] is False and "symbolic link in the git directory: .git/objects" in rep["error"], rep
+    _main_at_b_commit(t)
+    _refused(t, slot_inproc, "symbolic link in the git directory: .git/objects")
 
 
 def test_symlinked_refs_dir(tenants, slot_inproc):
     t = tenants
-    _status_command(slot_inproc, ["git", "for-each-ref", "--format=%(refname) %(subject)"])
-    rep = _sync(slot_inproc, "clean")
-    assert rep["ok"] is True and rep["result"]["stdout"].strip() == "refs/heads/main a", rep
-    _git(t["b_repo"], "branch", t["mark_ws"] + "-branch")
+    _control_output(slot_inproc, ["git", "for-each-ref", "--format=%(refname) %(subject)"], "refs/heads/main a")
+    git(t["b_repo"], "branch", t["mark_ws"] + "-branch")
     _own(t["ws_b"], UID_B, t["layout"])
     _relink(os.path.join(t["evil_git"], "refs"), os.path.join(t["b_git"], "refs"))
-    t["own"]()
-    rep = _sync(slot_inproc)
-    _no_marker(t, rep)
-    assert rep["ok"] is False and "symbolic link in the git directory: .git/refs" in rep["error"], rep
+    _refused(t, slot_inproc, "symbolic link in the git directory: .git/refs")
 
 
 @pytest.mark.parametrize("how", ["gitdir-file", "dot-git-symlink"])
@@ -224,10 +216,7 @@ def test_commondir_file(tenants, slot_inproc):
     _control(slot_inproc)
     with open(os.path.join(t["evil_git"], "commondir"), "w") as fh:
         fh.write(t["b_git"] + "\n")
-    t["own"]()
-    rep = _sync(slot_inproc)
-    _no_marker(t, rep)
-    assert rep["ok"] is False and ".git/commondir is not allowed" in rep["error"], rep
+    _refused(t, slot_inproc, ".git/commondir is not allowed")
 
 
 @pytest.mark.parametrize("key", ["include.path", "includeIf.gitdir:/.path", "core.worktree", "core.fsmonitor",
@@ -237,7 +226,7 @@ def test_config_indirections(tenants, slot_inproc, key):
     _control(slot_inproc)
     value = {"core.fsmonitor": "cat %s >&2" % t["b_file"], "core.sshCommand": "cat %s >&2" % t["b_file"],
              "core.worktree": t["b_repo"]}.get(key, t["b_git"] + "/config")
-    _git(t["evil"], "config", key, value)
+    git(t["evil"], "config", key, value)
     t["own"]()
     rep = _sync(slot_inproc)
     _no_marker(t, rep)
@@ -248,8 +237,8 @@ def test_hooks_do_not_run(tenants, slot_inproc):
     t = tenants
     _control(slot_inproc)
     _status_command(slot_inproc, ["git", "commit", "-q", "--allow-empty", "-m", "x", "--author", "a <a@b>"])
-    _git(t["evil"], "config", "user.name", "a")
-    _git(t["evil"], "config", "user.email", "a@b")
+    git(t["evil"], "config", "user.name", "a")
+    git(t["evil"], "config", "user.email", "a@b")
     for hook in ("pre-commit", "commit-msg", "post-commit"):
         path = os.path.join(t["evil_git"], "hooks", hook)
         with open(path, "w") as fh:
@@ -265,7 +254,7 @@ def test_hooks_do_not_run(tenants, slot_inproc):
 def test_local_and_ext_transports_refused(tenants, slot_inproc, url):
     t = tenants
     _control(slot_inproc)
-    _git(t["evil"], "remote", "add", "origin", url.format(**t))
+    git(t["evil"], "remote", "add", "origin", url.format(**t))
     t["own"]()
     rep = _sync(slot_inproc, action="pull")
     _no_marker(t, rep)
@@ -285,7 +274,7 @@ def test_submodule_git_dirs_are_not_entered(tenants, slot_inproc):
         fh.write("gitdir: ../subgit\n")
     sha = subprocess.run(["git", "-c", "safe.directory=*", "rev-parse", "HEAD"], cwd=os.path.join(t["ws_a"], "clean"),
                          check=True, capture_output=True, text=True).stdout.strip()
-    _git(t["evil"], "update-index", "--add", "--cacheinfo", "160000,%s,sub" % sha)
+    git(t["evil"], "update-index", "--add", "--cacheinfo", "160000,%s,sub" % sha)
     t["own"]()
     rep = _sync(slot_inproc)
     _no_marker(t, rep)

@@ -4,6 +4,7 @@ import struct
 
 import pytest
 
+import procs
 from browser_helpers import needs_browser
 
 pytestmark = needs_browser
@@ -89,16 +90,13 @@ def test_downloads_are_not_saved(browser, site):
 
 def test_chromium_runs_sandboxed_as_the_service_user(browser):
     kids = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
+    for p, argv in procs.cmdlines():
+        cmd = b"\0".join(argv)
+        if b"--type=renderer" in cmd and b"chromium" in cmd:
             try:
-                with open("/proc/%s/cmdline" % p, "rb") as fh:
-                    cmd = fh.read()
-                st = os.stat("/proc/" + p)
+                kids.append((p, os.stat("/proc/" + p).st_uid, cmd))
             except OSError:
                 continue
-            if b"--type=renderer" in cmd and b"chromium" in cmd:
-                kids.append((p, st.st_uid, cmd))
     assert kids, "no renderer found"
     for pid, uid, cmd in kids:
         assert b"--no-sandbox" not in cmd

@@ -22,13 +22,13 @@ import shutil
 import subprocess
 import sys
 import threading
-import http.server
 
 import pytest
 
 from broker_helpers import BrokerProc, make_listener
-from browser_helpers import running_browser
+from browser_helpers import QuietHandler, running_browser, serving
 from cellrt import ENTRY, NEEDS_REAL_CELLS, NOISE
+from chv_guest.broker import client as broker_client
 
 pytestmark = NEEDS_REAL_CELLS
 
@@ -54,7 +54,7 @@ CHILD = b"""<!doctype html><html><head><title>child</title></head><body><h1>chil
 </body></html>"""
 
 
-class Site(http.server.BaseHTTPRequestHandler):
+class Site(QuietHandler):
     beacons = []
     beacon_seen = threading.Condition()
 
@@ -76,46 +76,23 @@ class Site(http.server.BaseHTTPRequestHandler):
             body = b"ok"
         else:
             body = b"not found"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html" if body.startswith(b"<") else "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in extra.items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply(200, body, "text/html" if body.startswith(b"<") else "text/plain", extra)
 
 
 @pytest.fixture(scope="module")
 def site():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Site)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield "http://127.0.0.1:%d" % srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with serving(Site) as url:
+        yield url
 
 
-# the payload in the cell: each argument is one request to chv-broker; prints the replies (stdlib only,
-# /usr is all a cell sees of the host's files)
+# the payload in the cell: each argument is one request to chv-broker, sent by the in-cell client's
+# request(); prints the replies (the client's source goes along: /usr is all a cell sees of the host's files)
 CLIENT = r"""
-import json, socket, sys
-out = []
-for arg in sys.argv[1:]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(60)
-    s.connect("/run/chv/broker.sock")
-    s.sendall(arg.encode() + b"\n")
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    out.append(json.loads(buf))
-print(json.dumps(out))
-"""
+import json, sys
+client = {"__name__": "chv_broker_client"}
+exec(%r, client)
+print(json.dumps([json.loads(client["request"](arg, timeout=60)) for arg in sys.argv[1:]]))
+""" % open(broker_client.__file__, encoding="utf-8").read()
 
 
 @pytest.fixture(scope="module")

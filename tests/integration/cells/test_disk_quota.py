@@ -34,14 +34,8 @@ import pytest
 import cellrt
 import darwin_render as render
 
-pytestmark = [
-    pytest.mark.cells,
-    pytest.mark.skipif(os.geteuid() != 0, reason="real cells and loop mounts need root"),
-    pytest.mark.skipif(
-        not all(shutil.which(t) for t in ("systemd-nspawn", "ip", "nsenter", "mkfs.ext4", "fallocate", "mount")),
-        reason="systemd-nspawn, ip, nsenter, mkfs.ext4, fallocate and mount are needed",
-    ),
-]
+pytestmark = cellrt.real_cells_marks(("systemd-nspawn", "ip", "nsenter", "mkfs.ext4", "fallocate", "mount"),
+                                     "real cells and loop mounts need root")
 
 TAG = "dq%d" % os.getpid()
 QUOTA = "64M"

@@ -27,18 +27,11 @@ import time
 
 import pytest
 
-from cellrt import ENTRY
+from cellrt import ENTRY, real_cells_marks
 from test_cells_real import AGENT_KEYS, NOISE, as_user, leftovers, sudo_env, user_run  # noqa: F401 (fixture)
 from testpaths import ROOT
 
-pytestmark = [
-    pytest.mark.cells,
-    pytest.mark.skipif(os.geteuid() != 0, reason="real cells need root"),
-    pytest.mark.skipif(
-        not all(shutil.which(t) for t in ("systemd-nspawn", "ip", "nsenter", "sudo", "visudo", "setpriv")),
-        reason="systemd-nspawn, ip, nsenter, sudo, visudo and setpriv are needed",
-    ),
-]
+pytestmark = real_cells_marks(("systemd-nspawn", "ip", "nsenter", "sudo", "visudo", "setpriv"))
 
 READ_MAX = 65536
 SLOT1_SECRET = "slot1's secret result\n"

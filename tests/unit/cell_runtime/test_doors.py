@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from cellrt import BASE_POLICY  # noqa: F401  (makes chv_cell importable)
+from chv_guest.broker import client
 from chv_guest.cell import doors
 from chv_guest.cell import errors
 from chv_guest.cell import exits
@@ -36,13 +37,7 @@ class FakeBrowser:
             except OSError:
                 return
             with conn:
-                buf = b""
-                while not buf.endswith(b"\n"):
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    buf += chunk
-                self.requests.append(json.loads(buf))
+                self.requests.append(json.loads(client.read_line(conn)))
                 reply = self.replies.pop(0)
                 if reply is None:
                     conn.recv(1)  # hold the connection without answering until the client gives up

@@ -229,7 +229,7 @@ def test_the_broker_refuses_a_request_over_the_slots_quota_and_audits_it():
 
 @pytest.mark.parametrize("key", ["max_connections_per_slot", "max_requests_per_slot"])
 def test_the_broker_refuses_to_start_with_a_quota_below_one(key):
-    with pytest.raises(ValueError, match="%s must be an integer of at least 1, not 0" % key):
+    with pytest.raises(ValueError, match="chv_broker_%s must be at least 1, not 0" % key):
         _broker(**{key: 0})
 
 

@@ -114,8 +114,8 @@ def validate(config: Mapping[str, Any], role_vars: Optional[Mapping[str, Any]] =
     """Every problem of ``config`` (and of the role's other variables), each naming the role variable."""
     errors = s.problems(config, SETTINGS)
     navigation, request = config.get("navigation_timeout"), config.get("request_timeout")
-    if not errors and isinstance(navigation, (int, float)) and isinstance(request, (int, float)) \
-            and request < navigation:
+    timeout = s.number()
+    if timeout(navigation) is None and timeout(request) is None and request < navigation:  # type: ignore[operator]
         errors.append("chv_browser_request_timeout must be at least chv_browser_navigation_timeout (%s), not %s"
                       % (s.show(navigation), s.show(request)))
     return errors + s.problems(role_vars or {}, ROLE_SETTINGS, by_var=True)

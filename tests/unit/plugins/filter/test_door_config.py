@@ -84,3 +84,9 @@ def test_a_default_is_a_copy():
     mounts.append("PrivateTmp=no")
     assert door_config.door_default("chv_broker_sync_mounts_default", "broker") == \
         list(broker_config.SYNC_MOUNTS_DEFAULT)
+
+
+def test_the_timeouts_pair_is_checked_beside_other_problems():
+    errors = door_config.door_config_errors({"request_timeout": 10.0, "shots_keep": 0}, "browser")
+    assert [e.split(" ")[0] for e in errors] == ["chv_browser_shots_keep", "chv_browser_request_timeout"]
+    assert door_config.door_config_errors({"request_timeout": 30.0}, "browser") == []  # control: equal is fine

@@ -161,7 +161,7 @@ BAD_INPUT = [
     # more refusals, not classes of the table's own: a count, a bound, a forbidden argument, a browser
     # path cells could see, every slot's cell at its MemoryMax more than the host's memory (preflight)
     pytest.param({"chv_cell_slots": 0}, None, "chv_cell_slots 0 must be a count >= 1", id="slots-zero"),
-    pytest.param({"chv_broker_max_request_bytes": 10}, None, "chv_broker_max_request_bytes 10 must be >= 1024",
+    pytest.param({"chv_broker_max_request_bytes": 10}, None, "chv_broker_max_request_bytes must be at least 1024, not 10",
                  id="broker-request-bytes"),
     pytest.param({"chv_browser_pages_per_slot": 0}, None, "chv_browser_pages_per_slot must be at least 1, not 0",
                  id="browser-pages-per-slot"),

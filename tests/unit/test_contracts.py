@@ -29,6 +29,7 @@ from ansible_collections.chv.fleet.plugins.module_utils import cell_identity as 
 from ansible_collections.chv.fleet.plugins.module_utils import cell_nat as cn
 from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
 
+from role_defaults import role_defaults
 from testpaths import LAB_ROLE, ROOT
 
 ROLES = os.path.join(ROOT, "roles")
@@ -324,8 +325,8 @@ def _resolve(value, variables, depth=0):
 
 
 def browser_and_broker_install_paths():
-    browser = role_yaml("browser")
-    broker = role_yaml("broker")
+    browser = role_defaults("browser")  # door_default resolved: the services' own defaults
+    broker = role_defaults("broker")
     paths = {
         "chv_browser_home": browser["chv_browser_home"],
         "chv_browser_venv": browser["chv_browser_venv"],

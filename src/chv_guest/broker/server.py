@@ -22,102 +22,15 @@ from .freeze import Freezer, FreezeError, thaw_all
 from .peer import PeerChecker, PeerRejected, incarnation
 from ..wire.protocol import (BROWSER_ACTIONS, OPS, SYNC_ACTIONS, URL_SCHEMES, audit, handlers, known,
                              url_scheme_allowed)
-from .syncrun import HOSTS_VAR, jail_plan, parse_host_entry
+# DEFAULTS, SYNC_MOUNTS_DEFAULT and merge: config.py's, named here too for server.py's callers
+from .config import DEFAULTS, SYNC_MOUNTS_DEFAULT, load_config, merge, validate  # pylint: disable=unused-import
+from .syncrun import jail_plan
 
 if TYPE_CHECKING:
     from .peer import Cell
     from .syncrun import JailSpec, SyncSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-# what a cell sees of the guest is /usr, /etc (without /etc/chv), its own
-# workspace and agent state, /run/chv: the sync worker sees no more
-# (roles/broker/defaults/main.yml: chv_broker_sync_mounts_default)
-SYNC_MOUNTS_DEFAULT = (
-    "TemporaryFileSystem=/var:ro",
-    "PrivateTmp=yes",
-    "ProtectHome=yes",
-    "InaccessiblePaths=-/run/chv-fleet -/run/chv-shots -/run/chv-browser -/etc/chv -/opt -/srv -/mnt -/media"
-    " -/usr/lib/chv-fleet/chv_guest/browser -/usr/lib/chv-fleet/chv-browser",
-)
-
-DEFAULTS = {
-    "cells_dir": "/run/chv-fleet/cells",
-    "workspaces_dir": "/var/lib/chv-fleet/workspaces",
-    "max_request_bytes": 65536,
-    "read_timeout": 10.0,
-    # global backstop; chv-broker runs with at least (slots + 1) * max_connections_per_slot
-    # (wire.global_cap), so that every slot at its quota cannot starve another
-    "max_connections": 16,
-    # door capacity of each slot (wire.SlotQuota, counted against the slot its peer check found):
-    # connections open (idle ones included, each ends after read_timeout) and requests being carried out
-    "max_connections_per_slot": 4,
-    "max_requests_per_slot": 2,
-    # the host's slot count (the role renders it from the slot identities); 0: unknown
-    # the host's slot count for that floor; 0: the slots of the cell policy, counted at start
-    "slots": 0,
-    "cell_policy": "/etc/chv-fleet/cell-policy.json",  # chv_cell/policy.py DEFAULT_POLICY_PATH
-    "sync": {
-        "enabled": True,
-        "commands": {
-            "status": ["git", "status", "--porcelain=v1", "-b"],
-            "pull": ["git", "pull", "--ff-only"],
-            "push": ["git", "push"],
-        },
-        "timeout": 120.0,
-        "user": "",
-        "shared_user": "",
-        "credentials_file": "/etc/chv/broker/git-credentials",
-        "protocols": ["https"],
-        # allow-list of git hosts (chv_broker_sync_hosts); empty: no host check in chv-broker
-        "hosts": [],
-        "max_output_bytes": 65536,
-        # the worker's own limits (both isolation modes; "unit" has its unit's properties too):
-        # address space (bytes) and CPU time (seconds) of the worker and git (setrlimit)
-        "rlimit_as": 4294967296,
-        "rlimit_cpu": 300,
-        # the cell is frozen while its sync runs (freeze.py): "cgroup.freeze" of its cgroup
-        # (or systemctl freeze of its scope where chv-broker's cgroup fs is read-only)
-        "systemctl": "/usr/bin/systemctl",
-        "python": "/usr/bin/python3",
-        # "unit": each sync runs in a transient systemd service of its own
-        # (systemd-run), so chv-broker itself needs no network and no
-        # CAP_SETUID/CAP_SETGID. "child": the worker is chv-broker's child.
-        "isolation": "unit",
-        "systemd_run": "/usr/bin/systemd-run",
-        "setpriv": "/usr/bin/setpriv",
-        # properties of the transient service (isolation "unit"); the role
-        # renders chv_broker_sync_unit_properties here
-        "unit_properties": [],
-        # the worker's mount namespace, in both isolation modes (systemd
-        # properties; "child": syncrun.enter_jail makes the same mounts).
-        # chv-broker adds TemporaryFileSystem=<workspaces_dir>:ro and
-        # BindPaths=<workspaces_dir>/<slot>: the slot's workspace is the
-        # only slot directory there. The role renders chv_broker_sync_mounts.
-        "mounts": list(SYNC_MOUNTS_DEFAULT),
-    },
-    "browser": {
-        "enabled": True,
-        "socket": "/run/chv-browser/browser.sock",
-        "timeout": 60.0,
-        "reap_interval": 15.0,
-    },
-}
-SYNC_ISOLATION = ("unit", "child")
-
-
-def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> wire.JSONObject:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-    return out
-
-
-def load_config(path: Optional[str]) -> wire.JSONObject:
-    if not path:
-        return merge(DEFAULTS, {})
-    with open(path, encoding="utf-8") as fh:
-        return merge(DEFAULTS, json.load(fh))
 
 
 def sync_mount_properties(scfg: wire.JSONObject, workspaces_dir: str, workspace: str) -> List[str]:
@@ -272,27 +185,9 @@ AUDIT_EVENT = "chv-broker.audit"
 
 class Broker:
     def __init__(self, config: wire.JSONObject, log: IO[str] = sys.stderr) -> None:
-        if config["sync"]["isolation"] not in SYNC_ISOLATION:
-            raise ValueError("sync.isolation must be one of %s, not %r"
-                             % (", ".join(SYNC_ISOLATION), config["sync"]["isolation"]))
-        if not isinstance(config["sync"]["hosts"], list):
-            raise ValueError("sync.hosts (%s) must be a list" % HOSTS_VAR)
-        for entry in config["sync"]["hosts"]:
-            try:
-                parse_host_entry(entry)
-            except ValueError as exc:
-                raise ValueError("sync.hosts (%s): %r is not a host name, IP address or host:port: %s"
-                                 % (HOSTS_VAR, entry, exc)) from None
-        if not isinstance(config["sync"]["mounts"], list):
-            raise ValueError("sync.mounts (chv_broker_sync_mounts) must be a list")
-        try:
-            if any(str(p).startswith("BindPaths=") for p in config["sync"]["mounts"]):
-                raise ValueError("BindPaths= is chv-broker's own (the slot's workspace)")
-            jail_plan(config["sync"]["mounts"])
-            sync_mount_properties(config["sync"], config["workspaces_dir"],
-                                  os.path.join(config["workspaces_dir"], "slot"))
-        except ValueError as exc:
-            raise ValueError("sync.mounts (chv_broker_sync_mounts) or workspaces_dir: %s" % exc) from None
+        errors = validate(config)
+        if errors:
+            raise ValueError("; ".join(errors))
         self.cfg = config
         self.log = log
         self.peers = PeerChecker(config["cells_dir"])

@@ -146,13 +146,6 @@ def admin_peer_problem(uid: int, own_uid_map: str) -> Optional[str]:
     return None
 
 
-def check_pages_per_slot(value: object) -> int:
-    """pages_per_slot of the configuration: an integer of at least 1 (the slot's own page included)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("pages_per_slot must be an integer of at least 1, not %r" % (value,))
-    return value
-
-
 def admit_page(open_pages: int, cap: int, request_running: bool) -> bool:
     """Whether a page a slot's context just opened (a popup, window.open, target=_blank) may stay
     open: only while one of the slot's requests runs and while the slot has fewer than ``cap``

@@ -84,7 +84,6 @@ import concurrent.futures
 import errno
 import grp
 import importlib.metadata
-import json
 import os
 import signal
 import socket
@@ -97,8 +96,9 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Dict, Li
                     TypedDict, TypeVar, cast)
 
 from ..wire import wire
+from .config import DEFAULTS, load_config, validate
 from .policy import (ADMIN_ACTIONS, FIELD_CHECKS, Refused, admin_peer_problem, admit_page, check_cell,
-                     check_pages_per_slot, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
+                     check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
 from ..wire.protocol import BROWSER_ACTIONS, audit, handlers, known
 
 if TYPE_CHECKING:
@@ -106,61 +106,12 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-DEFAULTS = {
-    "socket": "/run/chv-browser/browser.sock",
-    "socket_group": "",
-    "shots_dir": "/run/chv-shots",
-    "shots_cell_dir": "/run/chv/shots",
-    "shots_keep": 20,
-    "shots_max_bytes": 8 * 1024 * 1024,
-    "executable_path": "/usr/bin/chromium",
-    "chromium_sandbox": True,
-    "chromium_args": ["--headless", "--disable-gpu", "--disable-background-networking",
-                      "--disable-component-update", "--disable-sync", "--no-first-run",
-                      "--disable-default-apps", "--disable-extensions", "--mute-audio"],
-    "navigation_timeout": 30.0,
-    "request_timeout": 60.0,
-    "idle_timeout": 300.0,
-    "max_lines": 200,
-    "max_bytes": 65536,
-    "viewport": {"width": 1280, "height": 800},
-    "max_request_bytes": 65536,
-    "read_timeout": 10.0,
-    # global backstop, raised to (slots + 1) * max_requests_per_slot (wire.global_cap)
-    "max_connections": 8,
-    # requests of one slot in flight at once (read, queued or running); more get "busy"
-    "max_requests_per_slot": 2,
-    # the host's slot count (the role renders it from chv_browser_slots); 0: unknown
-    # the host's slot count for that floor; 0: the slots of the cell policy, counted at start
-    "slots": 0,
-    "cell_policy": "/etc/chv-fleet/cell-policy.json",  # chv_cell/policy.py DEFAULT_POLICY_PATH
-    "playwright_version": "",
-    # pages a slot's context may have open at once, its own page included (popups beyond it are
-    # closed at once; every popup is closed when the request that let it open ends)
-    "pages_per_slot": 4,
-}
 LOG_EVENT = "chv-browser"
 
 
-def load_config(path: Optional[str]) -> wire.JSONObject:
-    cfg = dict(DEFAULTS)
-    if path:
-        with open(path, encoding="utf-8") as fh:
-            cfg.update(json.load(fh))
-    return cfg
-
-
 def config_problem(cfg: wire.JSONObject) -> Optional[str]:
-    """What is wrong with the configuration's values that the service checks itself, or None."""
-    for key in ("shots_keep", "shots_max_bytes", "max_requests_per_slot"):
-        value = cfg.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return "%s must be an integer of at least 1, not %s" % (key, json.dumps(value))
-    try:
-        check_pages_per_slot(cfg.get("pages_per_slot"))
-    except ValueError as exc:
-        return str(exc)
-    return None
+    """What is wrong with the configuration (config.validate, each problem naming the role variable), or None."""
+    return "; ".join(validate(cfg)) or None
 
 
 def playwright_mismatch(expected: str,

@@ -201,5 +201,5 @@ def test_sync_unit_argv_sandboxes_and_drops_to_the_owner():
 def test_unknown_isolation_refused_at_start():
     from chv_guest.broker import server
     cfg = server.merge(server.DEFAULTS, {"sync": {"isolation": "chroot"}})
-    with pytest.raises(ValueError, match="sync.isolation must be one of unit, child, not 'chroot'"):
+    with pytest.raises(ValueError, match='chv_broker_sync_isolation must be one of unit, child, not "chroot"'):
         server.Broker(cfg)

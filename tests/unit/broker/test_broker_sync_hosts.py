@@ -1,5 +1,5 @@
 """sync: the git host allow-list (chv_broker_sync_hosts)."""
-import functools
+import json
 import os
 import re
 
@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from testpaths import ROOT
 
-from chv_guest.broker import server
+from ansible_collections.chv.fleet.plugins.filter import door_config
+
+from chv_guest.broker import config, server
 from chv_guest.broker.syncrun import (Rejected, check_remote, git_prefix, parse_host_entry, parse_remote_url, redact,
                                 sync_remotes)
 
@@ -207,15 +209,7 @@ def test_ipv6_by_value(addr, port):
         check_remote("o", "https://[%s]:%d/x" % (exploded, port), ["[%s]:%d" % (addr, port % 65535 + 1)])
 
 
-# ------------------------------------------------------------------ the entry syntax, in Python and in checks.yml
-
-@functools.lru_cache(maxsize=None)
-def _entry_re():
-    with open(os.path.join(ROOT, "roles", "broker", "vars", "main.yml")) as fh:
-        data = yaml.safe_load(fh)
-    assert data["__chv_broker_host_entry_re"] == "{{ __chv_broker_host_entry_re_parts | join('') }}"
-    return "".join(data["__chv_broker_host_entry_re_parts"])
-
+# ------------------------------------------------------------------ the entry syntax, on the controller too
 
 def _parses(entry):
     try:
@@ -223,6 +217,11 @@ def _parses(entry):
         return True
     except ValueError:
         return False
+
+
+def _role_check(entry):
+    """The role's check (chv.fleet.door_config_errors, chv-broker's own validator) of one entry."""
+    return door_config.door_config_errors({"sync": {"hosts": [entry]}}, "broker")
 
 
 _entry_text = st.one_of(
@@ -237,40 +236,46 @@ _entry_text = st.one_of(
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(entry=_entry_text)
-def test_validate_regex_agrees_with_the_broker(entry):
-    assert bool(re.match(_entry_re(), entry)) == _parses(entry), entry
+def test_the_role_check_is_the_brokers(entry):
+    assert (_role_check(entry) == []) == _parses(entry), entry
 
 
 @pytest.mark.parametrize("entry", ["github.com", "h:1", "h:65535", "::", "::1", "1::", "::ffff:1.2.3.4",
                                    "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:1.2.3.4", "[1::2:3:4:5:6:7]:80",
                                    "bad:", "1:2:3:4:5:6:7:8:9", ":::", "1::2::3", "::1.2.3.04", "h:65536",
                                    "[1:2:3:4:5:6:7::]", "[::1]:0", "h\n"])
-def test_validate_regex_agrees_on_edges(entry):
-    assert bool(re.match(_entry_re(), entry)) == _parses(entry), entry
+def test_the_role_check_agrees_on_edges(entry):
+    errors = _role_check(entry)
+    assert (errors == []) == _parses(entry), entry
+    if errors:  # names the variable and the entry
+        assert errors == ['chv_broker_sync_hosts entry %s is not %s: %s'
+                          % (json.dumps(entry), config.HOST_ENTRY, _why(entry))]
 
 
-def test_validate_task_names_the_variable_and_the_value():
-    with open(os.path.join(ROOT, "roles", "broker", "tasks", "checks.yml")) as fh:
-        tasks = yaml.safe_load(fh)
-    task = next(t for t in tasks if t.get("loop") == "{{ chv_broker_sync_hosts }}")
-    assert "item is match(__chv_broker_host_entry_re)" in task["ansible.builtin.assert"]["that"]
-    msg = task["ansible.builtin.assert"]["fail_msg"]
-    assert "chv_broker_sync_hosts" in msg and "{{ item | to_json }}" in msg
+def _why(entry):
+    try:
+        parse_host_entry(entry)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def test_role_wiring_is_consistent():
-    with open(os.path.join(ROOT, "roles", "broker", "defaults", "main.yml")) as fh:
-        defaults = yaml.safe_load(fh)
     with open(os.path.join(ROOT, "roles", "broker", "meta", "argument_specs.yml")) as fh:
         specs = yaml.safe_load(fh)["argument_specs"]
-    assert defaults["chv_broker_sync_hosts"] == [] == server.DEFAULTS["sync"]["hosts"]
+    assert door_config.door_default("chv_broker_sync_hosts", "broker") == [] == server.DEFAULTS["sync"]["hosts"]
     opt = specs["main"]["options"]["chv_broker_sync_hosts"]  # validate checks main's options, has none of its own
-    assert (opt["type"], opt["elements"], opt["default"]) == ("list", "str", [])
+    assert (opt["type"], opt["elements"]) == ("list", "str")
     assert "options" not in specs["validate"]
-    with open(os.path.join(ROOT, "roles", "broker", "templates", "broker.json.j2")) as fh:
-        assert '"hosts": chv_broker_sync_hosts,' in fh.read()
+    with open(os.path.join(ROOT, "roles", "broker", "vars", "main.yml")) as fh:
+        role_vars = yaml.safe_load(fh)
+    assert role_vars["__broker_config_values"]["sync"]["hosts"] == "{{ chv_broker_sync_hosts }}"
+    assert not [k for k in role_vars if "host_entry" in k]  # no regular expression of its own
+    with open(os.path.join(ROOT, "roles", "broker", "tasks", "checks.yml")) as fh:
+        task = yaml.safe_load(fh)[0]
+    assert task["loop"] == "{{ __broker_config_errors }}" and task["ansible.builtin.fail"]["msg"] == "{{ item }}"
 
 
 # ------------------------------------------------------------------ which remote git would use

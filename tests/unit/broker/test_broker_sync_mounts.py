@@ -8,6 +8,7 @@ import os
 import pytest
 import yaml
 
+from ansible_collections.chv.fleet.plugins.filter import door_config
 from testpaths import ROOT
 
 from chv_guest.broker import server, syncrun
@@ -52,13 +53,16 @@ def test_unit_argv_carries_the_verified_mount_properties():
 def test_role_defaults_are_the_brokers_and_render_into_broker_json():
     with open(os.path.join(ROOT, "roles", "broker", "defaults", "main.yml")) as fh:
         defaults = yaml.safe_load(fh)
-    assert defaults["chv_broker_sync_mounts_default"] == list(server.SYNC_MOUNTS_DEFAULT)
+    assert defaults["chv_broker_sync_mounts_default"] == \
+        "{{ 'chv_broker_sync_mounts_default' | chv.fleet.door_default('broker') }}"
+    assert door_config.door_default("chv_broker_sync_mounts_default", "broker") == list(server.SYNC_MOUNTS_DEFAULT)
     assert defaults["chv_broker_sync_mounts"] == []
     # the mount properties left the unit properties: one list, both isolation modes
     assert not [p for p in defaults["chv_broker_sync_unit_properties_default"]
                 if p.split("=", 1)[0] in syncrun.MOUNT_PROPERTIES]
-    with open(os.path.join(ROOT, "roles", "broker", "templates", "broker.json.j2")) as fh:
-        assert '"mounts": chv_broker_sync_mounts_default + chv_broker_sync_mounts,' in fh.read()
+    with open(os.path.join(ROOT, "roles", "broker", "vars", "main.yml")) as fh:
+        assert yaml.safe_load(fh)["__broker_config_values"]["sync"]["mounts"] == \
+            "{{ chv_broker_sync_mounts_default + chv_broker_sync_mounts }}"
 
 
 def test_mount_properties_hide_every_other_workspace():

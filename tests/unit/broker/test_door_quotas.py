@@ -1,11 +1,11 @@
 """Door capacity accounting (wire.SlotQuota, wire.global_cap, wire.serve_connections'
-admit step) and chv-broker's use of it; and the broker's and browser's defaults agreeing
-across server.py DEFAULTS, defaults/main.yml, meta/argument_specs.yml and the JSON template."""
+admit step) and chv-broker's use of it; and the broker's and browser's defaults having one
+home, the service's DEFAULTS (config.py), which the roles' defaults/main.yml take and their
+argument specs do not repeat."""
 import copy
 import io
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -15,10 +15,13 @@ import yaml
 from hypothesis import given, strategies as st
 
 from testpaths import ROOT
-from chv_guest.broker import server
+from ansible.errors import AnsibleFilterError
+from ansible_collections.chv.fleet.plugins.filter import door_config
+
+from chv_guest.broker import config, server
 from chv_guest.broker.peer import PeerRejected
-from chv_guest.browser import server as bserver
-from chv_guest.wire import wire
+from chv_guest.browser import config as bconfig, server as bserver
+from chv_guest.wire import settings, wire
 
 
 # ------------------------------------------------------------------ SlotQuota
@@ -229,7 +232,7 @@ def test_the_broker_refuses_a_request_over_the_slots_quota_and_audits_it():
 
 @pytest.mark.parametrize("key", ["max_connections_per_slot", "max_requests_per_slot"])
 def test_the_broker_refuses_to_start_with_a_quota_below_one(key):
-    with pytest.raises(ValueError, match="%s must be an integer of at least 1, not 0" % key):
+    with pytest.raises(ValueError, match="chv_broker_%s must be at least 1, not 0" % key):
         _broker(**{key: 0})
 
 
@@ -239,52 +242,34 @@ def test_the_broker_raises_its_global_cap_to_fit_every_slot():
     assert _broker(slots=0)[0].max_connections == 16  # count unknown: as configured
 
 
-# ------------------------------------------------------------------ defaults agree in their four places
+# ------------------------------------------------------------------ each default in one place
 
 def _yaml(*parts):
     with open(os.path.join(ROOT, "roles", *parts), encoding="utf-8") as fh:
         return yaml.safe_load(fh)
 
 
-def _template_vars(role, name):
-    """{config key: role variable} of the template's top-level lines `"key": chv_var[ | int|float|bool],`."""
-    with open(os.path.join(ROOT, "roles", role, "templates", name), encoding="utf-8") as fh:
-        text = fh.read()
-    return dict(re.findall(r'^  "(\w+)": (chv_\w+)(?: \| (?:int|float|bool))?,$', text, re.M))
-
-
-# the service's own default differs from the role's on purpose (run without the role: no group, no pin)
-BROWSER_ROLE_ONLY = {"socket_group", "playwright_version"}
-
-
-@pytest.mark.parametrize("role,template,defaults,skip", [
-    ("broker", "broker.json.j2", server.DEFAULTS, set()),
-    ("browser", "browser.json.j2", bserver.DEFAULTS, BROWSER_ROLE_ONLY),
-])
-def test_each_default_is_the_same_in_its_four_places(role, template, defaults, skip):
-    mapping = _template_vars(role, template)
+@pytest.mark.parametrize("role,module", [("broker", config), ("browser", bconfig)])
+def test_each_default_lives_in_the_services_defaults(role, module):
+    """The role's default of a configuration key is the service's (door_default), written nowhere else."""
+    from_service = settings.role_defaults(module.DEFAULTS, module.SETTINGS)
     role_defaults = _yaml(role, "defaults", "main.yml")
     specs = _yaml(role, "meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
-    for key in ("max_connections", "max_requests_per_slot"):  # the door quotas are among the checked keys
-        assert key in mapping
-    checked = {}
-    for key, var in mapping.items():
-        if key in skip:
-            continue
-        assert key in defaults, "%s: %s has no default in server.py" % (template, key)
-        assert var in role_defaults and var in specs, var
-        checked[key] = (defaults[key], role_defaults[var], specs[var]["default"])
-    assert {k: v for k, v in checked.items() if not v[0] == v[1] == v[2]} == {}
-    assert len(checked) >= 5
+    assert {"chv_%s_max_connections" % role, "chv_%s_max_requests_per_slot" % role} <= set(from_service)
+    for var, value in from_service.items():
+        assert role_defaults[var] == "{{ '%s' | chv.fleet.door_default('%s') }}" % (var, role), var
+        assert door_config.door_default(var, role) == value
+        assert "default" not in specs[var], var  # documented as the service's, not repeated
+    assert len(from_service) >= 15
+    with open(os.path.join(ROOT, "roles", role, "templates", "%s.json.j2" % role), encoding="utf-8") as fh:
+        assert fh.read() == "{{ __%s_config | to_nice_json(indent=2) }}\n" % role
 
 
-def test_the_agreement_check_sees_a_default_that_differs():
-    """Control: the comparison above fails when one place has another value."""
-    changed = dict(server.DEFAULTS, max_connections_per_slot=server.DEFAULTS["max_connections_per_slot"] + 1)
-    role_defaults = _yaml("broker", "defaults", "main.yml")
-    assert changed["max_connections_per_slot"] != role_defaults["chv_broker_max_connections_per_slot"]
-    assert _template_vars("broker", "broker.json.j2")["max_connections_per_slot"] == \
-        "chv_broker_max_connections_per_slot"
+def test_a_role_variable_without_a_service_default_is_refused():
+    """Control: door_default names what it has when asked for another variable."""
+    with pytest.raises(AnsibleFilterError, match="chv_broker_max_connections_per_slot"):
+        door_config.door_default("chv_broker_group", "broker")
+    assert door_config.door_default("chv_broker_max_connections_per_slot", "broker") == 4
 
 
 def test_without_a_slot_count_the_doors_count_the_cell_policys_slots(tmp_path):
@@ -304,6 +289,5 @@ def test_without_a_slot_count_the_doors_count_the_cell_policys_slots(tmp_path):
     assert browser.max_connections == 17 * bserver.DEFAULTS["max_requests_per_slot"]
     (tmp_path / "bad.json").write_text("[1, 2]")
     assert wire.policy_slots(str(tmp_path / "bad.json")) == 0
-    for template in ("broker/templates/broker.json.j2", "browser/templates/browser.json.j2"):
-        with open(os.path.join(ROOT, "roles", template), encoding="utf-8") as fh:
-            assert '"slots"' not in fh.read(), template
+    for role in ("broker", "browser"):
+        assert "slots" not in _yaml(role, "vars", "main.yml")["__%s_config_values" % role], role

@@ -135,4 +135,4 @@ def test_a_quota_below_one_is_refused():
 def test_the_service_refuses_to_start_with_a_quota_below_one():
     assert server.config_problem(dict(server.DEFAULTS)) is None  # control
     assert server.config_problem(dict(server.DEFAULTS, max_requests_per_slot=0)) == \
-        "max_requests_per_slot must be an integer of at least 1, not 0"
+        "chv_browser_max_requests_per_slot must be at least 1, not 0"

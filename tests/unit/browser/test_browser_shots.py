@@ -311,16 +311,18 @@ def test_the_service_answers_a_full_disk_and_keeps_serving(tmp_path, monkeypatch
 ])
 def test_a_bad_quota_in_the_configuration_stops_the_start(tmp_path, capsys, key, value):
     assert server.config_problem(dict(server.DEFAULTS)) is None  # the control
-    assert server.config_problem(dict(server.DEFAULTS, shots_keep=1, shots_max_bytes=1)) is None
+    assert server.config_problem(dict(server.DEFAULTS, shots_keep=1, shots_max_bytes=1048576)) is None
+    least = {"shots_keep": 1, "shots_max_bytes": 1048576}[key]
+    rule = ("at least %d" if isinstance(value, int) and not isinstance(value, bool) else "an integer of at least %d")
     assert server.config_problem(dict(server.DEFAULTS, **{key: value})) == \
-        "%s must be an integer of at least 1, not %s" % (key, json.dumps(value))
+        "chv_browser_%s must be %s, not %s" % (key, rule % least, json.dumps(value))
     config = tmp_path / "browser.json"
     # a socket that cannot be bound (its directory is a file): a start that got past the check fails, never serves
     (tmp_path / "run").write_text("")
     config.write_text(json.dumps({key: value, "socket": str(tmp_path / "run" / "never.sock")}))
     assert server.main(["--config", str(config)]) == 1
     line = json.loads(capsys.readouterr().err.splitlines()[-1])
-    assert line["verdict"] == "refused-start" and line["reason"].startswith(key + " must be")
+    assert line["verdict"] == "refused-start" and line["reason"].startswith("chv_browser_%s must be" % key)
 
 
 class InterruptedPage(FakePage):

@@ -40,11 +40,10 @@ def test_cell_identity_and_pages_per_slot_checks():
     for bad in ("", "../x", "a b", 7, "x" * 129):
         with pytest.raises(policy.Refused):
             policy.check_cell(bad)
-    assert policy.check_pages_per_slot(1) == 1
+    assert server.config_problem(dict(server.DEFAULTS, pages_per_slot=1)) is None
     for bad in (0, -1, True, "4", 2.5):
-        with pytest.raises(ValueError, match="pages_per_slot"):
-            policy.check_pages_per_slot(bad)
-    assert "pages_per_slot" in server.config_problem(dict(server.DEFAULTS, pages_per_slot=0))
+        assert server.config_problem(dict(server.DEFAULTS, pages_per_slot=bad)).startswith(
+            "chv_browser_pages_per_slot must be ")
     assert server.config_problem(dict(server.DEFAULTS)) is None
 
 

@@ -361,7 +361,7 @@ def test_the_quota_defaults_are_chv_brokers(tmp_path):
 
     from testpaths import ROOT as root
 
-    with open(os.path.join(root, "src", "chv_guest", "broker", "server.py")) as fh:
+    with open(os.path.join(root, "src", "chv_guest", "broker", "config.py")) as fh:
         tree = ast.parse(fh.read())
     defaults = next(n.value for n in tree.body if isinstance(n, ast.Assign) and
                     getattr(n.targets[0], "id", None) == "DEFAULTS")

@@ -10,7 +10,8 @@ from xml.parsers.expat import ExpatError
 
 import pytest
 
-from darwin_render import darwin_vars, render, role_yaml
+from darwin_render import darwin_vars, render
+from role_defaults import role_defaults
 
 BROKER = darwin_vars("broker")
 BROWSER = darwin_vars("browser")
@@ -35,7 +36,7 @@ def check_plist(data, label, user, keep_alive):
 
 
 def broker_vars(**over):
-    v = {k: val for k, val in role_yaml("broker", "defaults", "main.yml").items() if isinstance(val, (str, int))}
+    v = {k: val for k, val in role_defaults("broker").items() if isinstance(val, (str, int))}
     v.update(BROKER)
     v.update(over)
     return v
@@ -53,7 +54,7 @@ def test_the_broker_plist(over):
 
 @pytest.mark.parametrize("user", ["chv-browser", "_chvbrowser"])
 def test_the_browser_plist(user):
-    v = {k: val for k, val in role_yaml("browser", "defaults", "main.yml").items() if isinstance(val, (str, int))}
+    v = {k: val for k, val in role_defaults("browser").items() if isinstance(val, (str, int))}
     v.update(BROWSER)
     v["chv_browser_user"] = user
     plist = check_plist(render("browser", "chv-browser.plist.j2", **v), BROWSER["__browser_launchd_label"], user, True)
@@ -103,7 +104,7 @@ def test_the_cell_runtime_rundirs_plist_makes_the_tmpfiles_directories():
 
 @pytest.mark.parametrize("slots", [["slot0"], ["slot0", "slot1", "slot2"]])
 def test_the_browser_rundirs_plist_makes_its_socket_and_screenshot_directories(slots):
-    v = {k: val for k, val in role_yaml("browser", "defaults", "main.yml").items() if isinstance(val, (str, int))}
+    v = {k: val for k, val in role_defaults("browser").items() if isinstance(val, (str, int))}
     v["chv_browser_slots"] = slots
     tmpfiles = ("d /run/chv-browser 0750 %s %s -\n" % (v["chv_browser_user"], v["chv_browser_broker_group"])
                 + render("browser", "chv-browser.tmpfiles.j2", **v))

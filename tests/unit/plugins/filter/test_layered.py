@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ansible_collections.chv.fleet.plugins.filter import layered as layered_mod
 from ansible_collections.chv.fleet.plugins.filter.layered import layered
 
+from role_defaults import role_defaults
 from testpaths import ROOT
 
 ROLE = os.path.join(ROOT, 'roles', 'cell_runtime')
@@ -432,10 +433,7 @@ SERVICES_OVERRIDES = {
 
 def test_services_layer_sync_commands_key_by_key_and_chromium_args_in_order(tmp_path):
     got = _render_per_host(tmp_path, SERVICES_PLAYBOOK.format(root=ROOT, out=tmp_path), SERVICES_OVERRIDES)
-    with open(os.path.join(ROOT, 'roles', 'broker', 'defaults', 'main.yml')) as handle:
-        broker = yaml.safe_load(handle)
-    with open(os.path.join(ROOT, 'roles', 'browser', 'defaults', 'main.yml')) as handle:
-        browser = yaml.safe_load(handle)
+    broker, browser = role_defaults('broker'), role_defaults('browser')
     # control: the defaults render as documented
     assert got['defaults'] == {'sync': broker['chv_broker_sync_commands_default'],
                                'chromium': browser['chv_browser_chromium_args_default']}

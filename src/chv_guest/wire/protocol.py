@@ -58,11 +58,15 @@ def handlers(obj: object, table: Iterable[str]) -> dict[str, Callable[..., Any]]
 
 
 def url_scheme_allowed(url: str) -> bool:
-    """Whether ``url``'s scheme is one of URL_SCHEMES (case-insensitive).
+    """Whether ``url`` starts with one of URL_SCHEMES and a colon (case-insensitive).
 
-    Raises ValueError when urlsplit does (e.g. an unclosed IPv6 bracket).
+    urlsplit skips leading spaces and C0 controls before the scheme; a URL
+    whose scheme shows only after that is refused, so that every reader of
+    it agrees on the scheme. Raises ValueError when urlsplit does (e.g. an
+    unclosed IPv6 bracket).
     """
-    return urlsplit(url).scheme.lower() in URL_SCHEMES
+    scheme = urlsplit(url).scheme.lower()
+    return scheme in URL_SCHEMES and url[:len(scheme) + 1].lower() == scheme + ":"
 
 
 def audit(stream: IO[str], event: str, **fields: object) -> None:

@@ -34,9 +34,12 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
+from . import actions
 from . import exits
 from . import log as logmod
 from . import policy as policymod
+from .launcher import SHARED_NETWORK_REFUSAL
+from .status import status_fd_problem
 
 EXIT_REFUSED = 78  # EX_CONFIG, as exits.EXIT_CONFIG: refused, nothing was started
 AGENT_NAME = "chv-cell-agent"
@@ -260,8 +263,6 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     / ``chv-cell read`` (with ``-v`` the launcher names the caller).  A
     ``--status-fd`` that is not open for writing is refused (78); once it
     is, every later refusal writes its verdict there too."""
-    from . import cli, runner  # noqa: PLC0415 (cli imports this module)
-
     args = sys.argv[1:] if args is None else args
     environ = os.environ if environ is None else environ
     euid = os.geteuid() if euid is None else euid
@@ -271,22 +272,26 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     except Refused as exc:
         logmod.log("%s: %s; %s" % (AGENT_NAME, exc, USAGE))
         return EXIT_REFUSED
-    if req.status_fd is not None:
-        problem = runner.status_fd_problem(req.status_fd)
-        if problem:
-            logmod.log("%s: %s" % (AGENT_NAME, problem))
-            return EXIT_REFUSED
-    pol = cli.load_policy(policymod.DEFAULT_POLICY_PATH)
+    problem = _status_fd_problem(req)
+    if problem:
+        logmod.log("%s: %s" % (AGENT_NAME, problem))
+        return EXIT_REFUSED
+    pol = actions.load_policy(policymod.DEFAULT_POLICY_PATH)
     if pol is None:
-        return cli.refuse_with_status(req.status_fd)
+        return actions.refuse_with_status(req.status_fd)
     if req.shared_network and not pol["allow_shared_network"]:
-        logmod.log(runner.SHARED_NETWORK_REFUSAL)
-        return cli.refuse_with_status(req.status_fd)
+        logmod.log(SHARED_NETWORK_REFUSAL)
+        return actions.refuse_with_status(req.status_fd)
     if req.action == "status":
-        return cli.print_status(pol)
+        return actions.print_status(pol)
     if req.action == "read":
-        return cli.read_request(pol, req)
-    return cli.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid))
+        return actions.read_request(pol, req)
+    return actions.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid))
+
+
+def _status_fd_problem(req: AgentRequest) -> Optional[str]:
+    """What is wrong with the request's --status-fd (None: fine, or none)."""
+    return None if req.status_fd is None else status_fd_problem(req.status_fd)
 
 
 # ---------------------------------------------------------------- the wrapper side
@@ -344,8 +349,6 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
     Before exec, ``sudo -n -l AGENT`` must succeed: otherwise
     the user is not allowed to run cells and the message says so (and names
     the agent group variable).  Returns an exit code only when refusing."""
-    from . import runner  # noqa: PLC0415
-
     agent = agent or agent_path()
     policy_path = policy_path or policymod.DEFAULT_POLICY_PATH
     if policy_given:
@@ -356,14 +359,12 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
         rest = ["-v"] + list(rest)
     try:
         req = parse_agent_args([action] + list(rest))
+        problem = _status_fd_problem(req)
     except Refused as exc:
-        logmod.log("%s; %s" % (exc, USAGE))
+        problem = str(exc)
+    if problem:
+        logmod.log("%s; %s" % (problem, USAGE))
         return EXIT_REFUSED
-    if req.status_fd is not None:
-        problem = runner.status_fd_problem(req.status_fd)
-        if problem:
-            logmod.log("%s; %s" % (problem, USAGE))
-            return EXIT_REFUSED
     if req.shared_network:
         try:
             allowed = policymod.load(policy_path)["allow_shared_network"]
@@ -372,7 +373,7 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
                 logmod.log(e)
             return EXIT_REFUSED
         if not allowed:
-            logmod.log(runner.SHARED_NETWORK_REFUSAL)
+            logmod.log(SHARED_NETWORK_REFUSAL)
             return EXIT_REFUSED
     user = _user_name()
     problem = sudo_problem(sudo, agent)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from chv_guest.cell import errors
 from chv_guest.cell import limits
-from chv_guest.cell import runner
+from chv_guest.cell import cgroups, runner
 from chv_guest.cell.policy import merged
 
 G = 1 << 30
@@ -203,14 +203,14 @@ def test_scope_limit_problems(tmp_path):
     d.mkdir()
     (d / "pids.max").write_text("100\n")
     (d / "cpu.max").write_text("max 100000\n")
-    probs = runner.scope_limit_problems(lims, str(d), page=4096)
+    probs = cgroups.scope_limit_problems(lims, str(d), page=4096)
     assert len(probs) == 2
     assert any(p.startswith("MemoryMax (memory.max): memory.max is absent") and "controller memory not delegated" in p
                for p in probs)
     assert any(p.startswith("CPUQuota (cpu.max): reads 'max 100000'") for p in probs)
     (d / "memory.max").write_text("%d\n" % G)
     (d / "cpu.max").write_text("200000 100000\n")
-    assert runner.scope_limit_problems(lims, str(d), page=4096) == []
+    assert cgroups.scope_limit_problems(lims, str(d), page=4096) == []
 
 
 def test_policy_defaults_keep_limits_required():

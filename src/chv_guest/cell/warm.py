@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 from . import argv as argvmod
+from . import checks
 from . import claim as claimmod
 from . import errors
 from . import exits
@@ -176,7 +177,7 @@ class WarmCell(runner.Launcher):
                 return None
             if self.policy["require_ruleset"]:
                 try:
-                    self.check_ruleset(slot)
+                    checks.check_ruleset(self.policy, slot)
                 except errors.SetupError as exc:
                     self._refuse(exits.EXIT_SETUP, str(exc))
                     raise
@@ -237,7 +238,7 @@ class WarmCell(runner.Launcher):
             # no cell while the ruleset does not cover the slot (e.g. cell_nat
             # not converged yet): a start would be refused at its end anyway
             try:
-                self.check_ruleset(slot)
+                checks.check_ruleset(self.policy, slot)
             except errors.SetupError as exc:
                 logmod.log("slot %s: %s; no warm cell for %gs" % (slot["name"], exc, RETRY_BACKOFF))
                 time.sleep(RETRY_BACKOFF)

@@ -49,6 +49,11 @@ def _pick_slot(pol: policymod.Policy, name: Optional[str]) -> policymod.Slot:
         )
 
 
+def _repeated(parser: argparse.ArgumentParser, option: str, metavar: str, text: str) -> None:
+    """An option given any number of times (a list, empty by default); ``text``: its help."""
+    parser.add_argument(option, action="append", default=[], metavar=metavar, help=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import argparse  # noqa: PLC0415 (see the imports above)
 
@@ -131,11 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(exit 0 healthy, %d not)" % healthmod.EXIT_UNHEALTHY)
     h.add_argument("--unit", action="append", default=[], help="a unit that must be active and not restarting")
     h.add_argument("--broker-client", metavar="PATH", help="the broker's client.py: ping the broker from the cell")
-    h.add_argument("--allow", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination the cell must reach")
-    h.add_argument("--deny", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination the ruleset must refuse (the guest at the cell's gateway, port %d, always is)"
-                   % healthmod.GUEST_PROBE_PORT)
+    _repeated(h, "--allow", "HOST:PORT", "a destination the cell must reach")
+    _repeated(h, "--deny", "HOST:PORT", "a destination the ruleset must refuse (the guest at the cell's gateway, "
+              "port %d, always is)" % healthmod.GUEST_PROBE_PORT)
     h.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
     h.add_argument("--json", action="store_true", help="print the checks as JSON")
 
@@ -146,10 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                        % (auditmod.EXIT_FAILED, auditmod.EXIT_ERROR))
     u.add_argument("--list", action="store_true", help="print the catalog (Markdown) and run nothing")
     u.add_argument("--slot", help="the slot of cell A (default: the first); cell B takes another")
-    u.add_argument("--allow", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination cells may reach (NET-01)")
-    u.add_argument("--deny", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination the egress policy denies and the guest reaches (NET-05)")
+    _repeated(u, "--allow", "HOST:PORT", "a destination cells may reach (NET-01)")
+    _repeated(u, "--deny", "HOST:PORT", "a destination the egress policy denies and the guest reaches (NET-05)")
     u.add_argument("--allow-url", metavar="URL",
                    help="an http(s) page cells may open through chv-browser (BRW cases; BRW-04 needs the page "
                    "chv-cell audit's own listener serves)")
@@ -158,19 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "and the guest reaches (TEN-06)")
     u.add_argument("--metadata-stand-in", action="store_true",
                    help="add %s to the guest's loopback for the run (NET-04)" % auditmod.METADATA)
-    u.add_argument("--trusted", action="append", default=[], metavar="PATH",
-                   help="another file cells must not be able to write (FS-09), e.g. the ruleset")
+    _repeated(u, "--trusted", "PATH", "another file cells must not be able to write (FS-09), e.g. the ruleset")
     u.add_argument("--broker-client", default=os.path.join(lib, "chv_guest", "broker", "client.py"), metavar="PATH",
                    help="chv-broker's client.py (default: %(default)s; IPC cases skipped when missing)")
     u.add_argument("--runs", type=int, default=100, help="consecutive runs of LIFE-02 (default 100)")
     u.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
     u.add_argument("--report-dir", metavar="DIR", help="write audit.json, audit.xml (JUnit) and audit.md there")
-    u.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                   help="a line for the report's header (the collection version, a git commit)")
+    _repeated(u, "--label", "KEY=VALUE", "a line for the report's header (the collection version, a git commit)")
     u.add_argument("--strict-skips", action="store_true", help="a skipped case fails the run")
-    u.add_argument("--case", action="append", default=[], metavar="ID",
-                   help="run and report this case only (repeatable; the cells' probes still run whole, the "
-                   "lifecycle runs only for a lifecycle case)")
+    _repeated(u, "--case", "ID", "run and report this case only (repeatable; the cells' probes still run whole, "
+              "the lifecycle runs only for a lifecycle case)")
     u.add_argument("--keep", action="store_true",
                    help="keep the files the audit put into the slots for inspection (their paths in the report's "
                    "header); its processes and guest changes are still undone")
@@ -371,11 +369,11 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         from . import warm as warmmod  # noqa: PLC0415
 
         try:
-            policymod.slot_by_name(pol, ns.slot)
+            slot = policymod.slot_by_name(pol, ns.slot)
         except KeyError:
             logmod.log("warm: no slot named %r in the policy" % ns.slot)
             return exits.EXIT_CONFIG
-        return warmmod.WarmCell(pol, ns.policy, ns.slot, verbose=ns.verbose).serve()
+        return warmmod.WarmCell(pol, ns.policy, slot, verbose=ns.verbose).serve()
     if ns.action == "audit":
         try:
             return audit(ns)

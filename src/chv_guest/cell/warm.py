@@ -68,14 +68,14 @@ def check_request(req: Optional[Dict[str, Any]], policy_runtime_max: float) -> T
 
 
 class WarmCell(runner.Launcher):
-    """One warm cell of slot ``slot_name``, used once (see the module doc)."""
+    """One warm cell of ``slot``, used once (see the module doc)."""
 
     spawn_stdin: int  # the cell's end of the socketpair (closed once spawn() gave it to nspawn)
 
-    def __init__(self, policy: policymod.Policy, policy_path: str, slot_name: str, verbose: bool = False) -> None:
+    def __init__(self, policy: policymod.Policy, policy_path: str, slot: policymod.Slot, verbose: bool = False) -> None:
         super().__init__(policy, verbose=verbose, watch_fds=[])
         self.policy_path = policy_path
-        self.slot_name = slot_name
+        self.slot = slot
         self.stamp = files_stamp(watched_files(policy_path))
         self.digest = policy_digest(policy)
         self.record_extra = {"warm": True}
@@ -229,11 +229,11 @@ class WarmCell(runner.Launcher):
         EXIT_NOT_WARM when the slot is not warm in the policy; 125 after a
         failed start (after a pause, so that systemd's restarts do not spin)."""
         p = self.policy
-        if self.slot_name not in p["warm_slots"]:
+        slot = self.slot
+        if slot["name"] not in p["warm_slots"]:
             logmod.log("slot %s is not in the policy's warm_slots (%s); no warm cell"
-                       % (self.slot_name, ", ".join(p["warm_slots"]) or "none"))
+                       % (slot["name"], ", ".join(p["warm_slots"]) or "none"))
             return EXIT_NOT_WARM
-        slot = policymod.slot_by_name(p, self.slot_name)
         if p["require_ruleset"]:
             # no cell while the ruleset does not cover the slot (e.g. cell_nat
             # not converged yet): a start would be refused at its end anyway

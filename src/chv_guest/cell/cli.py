@@ -14,10 +14,11 @@ import sys
 from typing import TYPE_CHECKING, List, Optional, Sequence, cast
 
 from . import agent as agentmod
+from . import argv as argvmod
 from . import exits
 from . import log as logmod
 from . import policy as policymod
-from . import runner
+from . import host
 from .actions import load_policy, print_status, read_request, refuse_with_status, run_request, start_run
 from .launcher import SHARED_NETWORK_REFUSAL
 
@@ -335,7 +336,6 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     if ns.action == "argv":
         import shlex  # noqa: PLC0415
 
-        from . import argv as argvmod  # noqa: PLC0415 (runner has imported it)
         cmd = _command(ns, ap)
         if ns.shared_network and not pol["allow_shared_network"]:
             logmod.log(SHARED_NETWORK_REFUSAL)
@@ -346,8 +346,8 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
             logmod.log(exc.errors[0])
             return exits.EXIT_CONFIG
         facts = argvmod.HostFacts(
-            scope=runner.resolve_scope(pol),
-            existing=runner.probe(argvmod.probe_paths(pol, slot)),
+            scope=host.resolve_scope(pol),
+            existing=host.probe(argvmod.probe_paths(pol, slot)),
             shared_network=ns.shared_network,
             run_id="<pid>",  # a run uses the launcher's pid
         )

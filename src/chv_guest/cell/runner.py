@@ -10,16 +10,16 @@ import os
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import time
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from . import argv as argvmod
 from . import cgroups
 from . import checks
 from . import claim as claimmod
 from . import disk as diskmod
+from . import host
 from . import launcher as launchermod
 from . import policy as policymod
 from . import records
@@ -31,103 +31,11 @@ from .log import log
 
 
 PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
-INACCESSIBLE_DIR = "/run/systemd/inaccessible"
 _PR_SET_PDEATHSIG = 1
-
-
-def resolve_scope(policy: policymod.Policy) -> str:
-    """systemd: each cell runs in its own transient scope (systemd-run
-    --scope, through the system bus; needs systemd as PID 1) that carries the
-    policy's unit properties; standalone: the launcher gives each cell its own
-    cgroup (no unit properties).  nspawn always keeps the unit it is in."""
-    if policy["scope"] != "auto":
-        return str(policy["scope"])
-    if os.path.isdir("/run/systemd/system") and os.path.exists("/run/dbus/system_bus_socket"):
-        return "systemd"
-    return "standalone"
 
 
 def _slot_name(slot: policymod.Slot) -> str:
     return str(slot["name"])
-
-
-def probe(paths: Iterable[str]) -> FrozenSet[str]:
-    return frozenset(p for p in paths if os.path.lexists(p))
-
-
-def ensure_inaccessible_nodes(base: str = INACCESSIBLE_DIR) -> None:
-    """nspawn's --inaccessible= over-mounts the path with the host's
-    /run/systemd/inaccessible/<type> node.  systemd (PID 1) creates those at
-    boot; on hosts where systemd is not PID 1 they are missing and the cell
-    fails to start, so create the same mode-0000 nodes if they are absent."""
-    if os.path.isdir(base) and os.path.exists(os.path.join(base, "reg")):
-        return
-    os.makedirs(base, mode=0o755, exist_ok=True)
-    old = os.umask(0o777)
-    try:
-        makers: Tuple[Tuple[str, Callable[[str], None]], ...] = (
-            ("reg", lambda p: os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))),
-            ("dir", lambda p: os.mkdir(p, 0)),
-            ("fifo", lambda p: os.mkfifo(p, 0)),
-            ("chr", lambda p: os.mknod(p, stat.S_IFCHR, os.makedev(0, 0))),
-            ("blk", lambda p: os.mknod(p, stat.S_IFBLK, os.makedev(0, 0))),
-        )
-        for name, make in makers:
-            path = os.path.join(base, name)
-            if not os.path.lexists(path):
-                try:
-                    make(path)
-                except OSError as exc:
-                    if name in ("reg", "dir"):
-                        raise SetupError("cannot create %s: %s" % (path, exc.strerror))
-    finally:
-        os.umask(old)
-    sock = os.path.join(base, "sock")
-    if not os.path.lexists(sock):
-        import socket
-
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.bind(sock)
-            os.chmod(sock, 0)
-        except OSError:
-            pass
-        finally:
-            s.close()
-
-
-# ---------------------------------------------------------------- helpers
-def _read_children(pid: int) -> List[int]:
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
-            return [int(x) for x in fh.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _pidns(pid: int) -> Optional[int]:
-    try:
-        return os.stat("/proc/%d/ns/pid" % pid).st_ino
-    except OSError:
-        return None
-
-
-def _uid_map_matches(pid: int, slot: policymod.Slot) -> bool:
-    try:
-        with open("/proc/%d/uid_map" % pid) as fh:
-            first = fh.readline().split()
-    except OSError:
-        return False
-    return first == ["0", str(slot["uid_base"]), str(slot["uid_size"])]
-
-
-def _netdev_names(pid: int) -> Set[str]:
-    try:
-        with open("/proc/%d/net/dev" % pid) as fh:
-            lines = fh.read().splitlines()[2:]
-    except OSError:
-        return set()
-    return {ln.split(":", 1)[0].strip() for ln in lines if ":" in ln}
 
 
 def _start(cmd: Sequence[str], data: str) -> subprocess.Popen[bytes]:
@@ -170,7 +78,7 @@ class Launcher(launchermod.Launcher):
             pid = int((records.read_record(self.policy, slot) or {})["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             pid = None
-        if pid and _pidns(pid) not in (None, _pidns(os.getpid())) and _uid_map_matches(pid, slot):
+        if pid and host.pidns(pid) not in (None, host.pidns(os.getpid())) and host.uid_map_matches(pid, slot):
             log("slot %s: killing stale cell (leader pid %d) left by a dead launcher" % (slot["name"], pid))
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -272,10 +180,10 @@ class Launcher(launchermod.Launcher):
         )
 
     def wait_leader(self, proc: subprocess.Popen[bytes], pidfd: int, deadline: float) -> int:
-        own = _pidns(os.getpid())
+        own = host.pidns(os.getpid())
         while True:
-            for c in _read_children(proc.pid):
-                ns = _pidns(c)
+            for c in host.children(proc.pid):
+                ns = host.pidns(c)
                 if ns is not None and ns != own:
                     return c
             if proc.poll() is not None:
@@ -288,7 +196,7 @@ class Launcher(launchermod.Launcher):
                           deadline: float) -> None:
         p = self.policy
         host_if, cell_if = slot["host_ifname"], slot["cell_ifname"]
-        while not (os.path.exists("/sys/class/net/" + host_if) and cell_if in _netdev_names(leader)):
+        while not (os.path.exists("/sys/class/net/" + host_if) and cell_if in host.netdev_names(leader)):
             if proc.poll() is not None:
                 raise SetupError("%s exited with %d before the veth appeared" % (self.exe, proc.returncode))
             if time.monotonic() > deadline:
@@ -330,7 +238,7 @@ class Launcher(launchermod.Launcher):
         then SIGTERM nspawn (which SIGKILLs the cell), then SIGKILL."""
         if proc.poll() is not None:
             return
-        payload = _read_children(leader) if leader else []
+        payload = host.children(leader) if leader else []
         for pid in payload:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -395,7 +303,7 @@ class Launcher(launchermod.Launcher):
 
     def claim_and_run(self, slots: List[policymod.Slot], wait: float, command: Sequence[str], shared_network: bool,
                       runtime_max: float) -> int:
-        self.scope = resolve_scope(self.policy)
+        self.scope = host.resolve_scope(self.policy)
         self.t0 = time.monotonic()
         if self.caller:
             self.debug("run requested by %s" % self.caller)
@@ -483,12 +391,12 @@ class Launcher(launchermod.Launcher):
                 for d in cg_dirs:
                     os.mkdir(d, 0o755)
                 checks.apply_standalone_limits(p, slot, cgroups.cgroup2_dir_for(slot["name"]), self.debug)
-            self.paths_probed = probe(argvmod.probe_paths(p, slot))
+            self.paths_probed = host.probe(argvmod.probe_paths(p, slot))
             run_id = str(os.getpid())
             facts = argvmod.HostFacts(scope=scope, existing=self.paths_probed, shared_network=shared_network, run_id=run_id)
             argv = argvmod.build_argv(p, slot, self.cell_command(command), facts)
             if any(a.startswith("--inaccessible=") for a in argv):
-                ensure_inaccessible_nodes()
+                host.ensure_inaccessible_nodes()
             self.debug("slot %s claimed after %.3fs (scope %s)" % (slot["name"], time.monotonic() - t0, scope))
             self.exe = os.path.basename(argv[0])
             proc = self.spawn(argv, cg_dirs)

@@ -20,6 +20,7 @@ from . import checks
 from . import claim as claimmod
 from . import errors
 from . import exits
+from . import host
 from . import log as logmod
 from . import policy as policymod
 from . import runner
@@ -163,7 +164,7 @@ class WarmCell(runner.Launcher):
             if self.stale():
                 send(self.conn, {"retry": STALE})
                 self._retire(STALE + "; replacing it")
-            if runner.probe(argvmod.probe_paths(self.policy, slot)) != self.paths_probed:
+            if host.probe(argvmod.probe_paths(self.policy, slot)) != self.paths_probed:
                 # e.g. a file to hide (policy inaccessible) created since: its
                 # --inaccessible= is not in this cell's argv
                 send(self.conn, {"retry": "paths the cell's argv depends on appeared or went away since it started"})
@@ -254,7 +255,7 @@ class WarmCell(runner.Launcher):
                 except claimmod.SlotBusy:
                     self.sleep(0.5)  # a cold run is in the slot: the warm cell follows it
             try:
-                rc = self._run_claimed(slot, runner.resolve_scope(p), ["warm"], False, time.monotonic())
+                rc = self._run_claimed(slot, host.resolve_scope(p), ["warm"], False, time.monotonic())
             finally:
                 held.release()
         except errors.Interrupted:

@@ -13,7 +13,7 @@ from chv_guest.cell import doors
 from chv_guest.cell import errors
 from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
-from chv_guest.cell import runner
+from chv_guest.cell import host, runner
 
 
 class FakeBrowser:
@@ -163,7 +163,7 @@ def test_run_claimed_stops_nspawn_and_ends_the_browser_state_when_pidfd_open_fai
 
     monkeypatch.setattr(launcher, "reap", lambda s, scope: None)
     monkeypatch.setattr(launcher, "prepare", lambda s, shared_network: gate_w)
-    monkeypatch.setattr(runner, "ensure_inaccessible_nodes", lambda: None)
+    monkeypatch.setattr(host, "ensure_inaccessible_nodes", lambda: None)
     monkeypatch.setattr(launcher, "spawn", spawn)
     monkeypatch.setattr(os, "pidfd_open", pidfd_open)
     monkeypatch.setattr(launcher, "_wait_ifname_gone", lambda s: None)

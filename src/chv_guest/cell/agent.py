@@ -1,30 +1,9 @@
-"""The agent's way in: non-root `chv-cell run|status|read` through sudo.
-
-Members of the agent group (role variable ``chv_cell_agent_group``) may run
-exactly one program as root, ``chv-cell-agent`` next to ``chv-cell``
-(/usr/lib/chv-fleet/chv-cell-agent), through a sudoers drop-in that allows
-it with ANY arguments.  So this module, not sudo, decides what a caller may
-ask for:
-
-- ``parse_agent_args`` (pure) accepts only ``run [--slot NAME] [--timeout S]
-  [--runtime-max S] [--status-fd N] [--shared-network] [-v] -- CMD...``,
-  ``status`` and ``read --slot NAME [--] PATH``; every other argument list
-  raises ``Refused`` (exit 78, nothing touched).
-  ``--shared-network`` passes this filter but is refused afterwards unless
-  the policy's ``allow_shared_network`` is true.  There is no ``--policy``:
-  the agent always reads ``policy.DEFAULT_POLICY_PATH``.
-- ``main`` (the ``chv-cell-agent`` entry point) additionally requires euid 0
-  and the caller's identity from sudo (``SUDO_UID``, ``SUDO_USER``): it is
-  refused when run directly, even by root (root runs ``chv-cell``).
-- ``delegate`` is what the public ``chv-cell`` does for a non-root user
-  asking for ``run``, ``status`` or ``read``: it refuses ``--policy`` and a
-  ``--shared-network`` the (world-readable) policy forbids, applies the same
-  filter, checks with ``sudo -n -l`` that the user may run the agent, and
-  then execs ``sudo -n <agent> <canonical args>``; stdin, stdout, stderr and
-  the exit status pass through sudo unchanged.  With ``--status-fd N`` it
-  execs ``sudo -n -C N+1 ...`` so that sudo keeps fd N open for the agent
-  (the sudoers drop-in allows that with ``closefrom_override``).
-"""
+"""The agent's way in: non-root ``chv-cell run|status|read`` through sudo
+(docs/executor.md).  sudo lets the agent group run ``chv-cell-agent`` with
+any arguments, so this module decides what a caller may ask for:
+``parse_agent_args`` is the one filter (pure); ``main`` is the agent (root,
+started by sudo only); ``delegate`` is the non-root wrapper, which refuses
+what the agent would and then execs sudo."""
 
 from __future__ import annotations
 

@@ -1,30 +1,8 @@
-"""The macOS launcher: ``chv-cell run -- CMD`` on a darwin policy
-(docs/macos.md).  Nothing here has run on real macOS yet.
-
-A macOS cell is a slot's unprivileged user running the payload under
-``sandbox-exec`` with the slot's Seatbelt profile (chv_cell/seatbelt.py),
-while the pf anchor of chv.fleet.cell_nat limits that user's traffic.
-
-Order of a run, as root:
-  1. claim a free slot (chv_cell/claim.py: the same flock claim as Linux);
-  2. check, fail closed: the slot's profile file is root's, not writable by
-     anyone else, and holds exactly ``seatbelt.profile(policy, slot)``; with
-     ``require_ruleset`` the pf anchor holds rules (``pfctl -a ANCHOR -s
-     rules``);
-  3. empty and recreate the slot's temp directory (the slot user's, 0700);
-  4. fork; the child drops to the slot user (setgroups to none, setgid,
-     setuid: no way back), applies the policy's rlimits, changes to the
-     workspace and execs ``sandbox-exec -f PROFILE CMD...`` as that user;
-  5. record the cell (state_dir/cells/<slot>.json: pid and uid, for the
-     broker's peer check), relay signals, enforce runtime_max, and on exit
-     remove the record, empty the temp directory and release the slot.
-
-Why the privileges are dropped before sandbox-exec rather than inside the
-sandbox: a profile that let a root process change its uid would have to
-allow exec of a set-id helper (sudo, su) in the cell; dropped first, every
-process under the sandbox is the slot user from its first instruction, and
-nothing in the profile needs to allow a privilege change.
-"""
+"""The macOS launcher: ``chv-cell run -- CMD`` on a darwin policy runs the
+payload as the slot's user under ``sandbox-exec`` with the slot's Seatbelt
+profile, while cell_nat's pf anchor filters that user's traffic.  The order
+of a run, and why the privileges drop before sandbox-exec: docs/macos.md.
+Nothing here has run on real macOS yet."""
 
 from __future__ import annotations
 
@@ -187,12 +165,12 @@ class Launcher(launchermod.Launcher):
     def run_claimed(self, slot: policymod.Slot, command: Sequence[str], shared_network: bool,
                     runtime_max: float) -> int:
         try:
-            return self._run_claimed(slot, command, runtime_max)
+            return self._run_payload(slot, command, runtime_max)
         except Refused as exc:
             log(str(exc))
             return exc.code
 
-    def _run_claimed(self, slot: policymod.Slot, cmd: Sequence[str], limit: float) -> int:
+    def _run_payload(self, slot: policymod.Slot, cmd: Sequence[str], limit: float) -> int:
         pol = self.policy
         path = profile_path(self.policy_path, slot)
         check_profile(path, seatbelt.profile(pol, slot))

@@ -67,7 +67,7 @@ class Launcher(launchermod.Launcher):
         self.spawn_stdin: Optional[int] = None
         self.wait_fds: List[int] = []
         self.record_extra: Dict[str, Any] = {}
-        self.scope = "standalone"  # resolve_scope's, and the run's start, once a run claims
+        self.scope = "standalone"  # host.resolve_scope's, and the run's start: set before run_claimed
         self.t0 = 0.0
 
     # -- stale state ----------------------------------------------------
@@ -372,11 +372,10 @@ class Launcher(launchermod.Launcher):
 
     def run_claimed(self, slot: policymod.Slot, command: Sequence[str], shared_network: bool,
                     runtime_max: float) -> int:
-        return self._run_claimed(slot, self.scope, command, shared_network, self.t0, runtime_max)
-
-    def _run_claimed(self, slot: policymod.Slot, scope: str, command: Sequence[str], shared_network: bool, t0: float,
-                     runtime_max: float = 0) -> int:
-        p = self.policy
+        """The cell's whole life in the claimed ``slot`` (``scope`` and ``t0``
+        set); its exit code.  The slot's browser state ends here, whatever
+        happened, while the caller still holds the lock."""
+        p, scope, t0 = self.policy, self.scope, self.t0
         proc = pidfd = gate_fd = leader = None
         cg_dirs: List[str] = []
         rc = EXIT_SETUP

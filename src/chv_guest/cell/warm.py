@@ -255,7 +255,8 @@ class WarmCell(runner.Launcher):
                 except claimmod.SlotBusy:
                     self.sleep(0.5)  # a cold run is in the slot: the warm cell follows it
             try:
-                rc = self._run_claimed(slot, host.resolve_scope(p), ["warm"], False, time.monotonic())
+                self.scope, self.t0 = host.resolve_scope(p), time.monotonic()
+                rc = self.run_claimed(slot, ["warm"], False, 0)
             finally:
                 held.release()
         except errors.Interrupted:

@@ -26,7 +26,7 @@ from . import policy as policymod
 from . import runner
 from . import warm_receive
 from .fsutil import ensure_dir, unlink
-from .handover import encode, policy_digest, recv, send
+from .handover import encode, policy_digest, recv, send, socket_path
 
 if TYPE_CHECKING:
     import subprocess
@@ -105,7 +105,7 @@ class WarmCell(runner.Launcher):
     def after_gate(self, slot: policymod.Slot, proc: subprocess.Popen[bytes], pidfd: int,
                    runtime_max: float) -> float:
         """Listen for one caller; check; hand the payload to the cell."""
-        path = argvmod.cell_paths(self.policy, slot)["warm_socket"]
+        path = socket_path(self.policy, slot)
         ensure_dir(os.path.dirname(path), 0o700)
         unlink(path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)

@@ -106,20 +106,11 @@ def _parse_read(rest: Sequence[str]) -> AgentRequest:
 
 
 def parse_agent_args(args: Iterable[str]) -> AgentRequest:
-    """Accept exactly ``["status"]``, ``["read", "--slot", NAME, ("--",)
-    PATH]`` or ``["run", OPTIONS..., "--", CMD...]``.
-
-    OPTIONS, each at most once, in any order: ``--slot NAME`` (NAME a slot
-    name, [a-z0-9][a-z0-9_-]{0,31}), ``--timeout S`` (0 to 86400),
-    ``--runtime-max S`` (> 0, at most a year), ``--status-fd N`` (3 to
-    1023), each also as ``--opt=VALUE``; the flags ``-v``/``--verbose`` and
-    ``--shared-network``.  S is a plain decimal number.  The ``--`` is
-    required and CMD must be non-empty with a non-empty first word;
-    everything after the first ``--`` is the payload's argv, taken verbatim.
-    No abbreviations, no other option (``--policy`` in particular), no other
-    subcommand.  Returns an AgentRequest; raises Refused naming the first
-    offending argument.
-    """
+    """Accept exactly ``status``, ``read --slot NAME [--] PATH`` or ``run
+    OPTIONS... -- CMD...`` (USAGE; docs/executor.md): each option at most
+    once, as ``--opt VALUE`` or ``--opt=VALUE``, no abbreviation, no
+    ``--policy``; CMD verbatim, its first word non-empty.  Raises Refused
+    naming the first offending argument."""
     args = list(args)
     if not args:
         raise Refused("no subcommand given")
@@ -232,16 +223,10 @@ def caller_from_env(environ: Mapping[str, str], euid: int) -> Caller:
 
 def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
          euid: Optional[int] = None) -> int:
-    """The ``chv-cell-agent`` entry point (root, through sudo).
-
-    Order: the argument filter, then the caller check, then the policy at
-    ``policy.DEFAULT_POLICY_PATH`` (always; there is no override), then the
-    ``--shared-network`` check against ``allow_shared_network``; any refusal
-    exits 78 with one ``chv-cell: ...`` line before a slot is claimed or a
-    file written.  Then it runs like ``chv-cell run`` / ``chv-cell status``
-    / ``chv-cell read`` (with ``-v`` the launcher names the caller).  A
-    ``--status-fd`` that is not open for writing is refused (78); once it
-    is, every later refusal writes its verdict there too."""
+    """The ``chv-cell-agent`` entry point (root, through sudo): the filter,
+    the caller, the installed policy (no override) and --shared-network are
+    checked before a slot is claimed or a file written; each refusal is one
+    line and 78 (and, once --status-fd is known usable, its verdict)."""
     args = sys.argv[1:] if args is None else args
     environ = os.environ if environ is None else environ
     euid = os.geteuid() if euid is None else euid
@@ -318,16 +303,11 @@ def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd
 def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str], sudo: str = SUDO,
              agent: Optional[str] = None, policy_path: Optional[str] = None,
              execv: Callable[[str, List[str]], object] = os.execv) -> int:
-    """Non-root ``chv-cell [-v] run|status|read ...``: refuse what the agent
-    would refuse (exit 78, one message, nothing started), then exec sudo.
-
-    ``--policy`` is refused (the agent reads only the installed policy);
-    ``--shared-network`` is refused unless the installed policy (readable by
-    everyone) allows it; a top-level ``-v`` moves after ``run`` (``status``
-    and ``read`` have none; a ``--status-fd`` must be open for writing here).
-    Before exec, ``sudo -n -l AGENT`` must succeed: otherwise
-    the user is not allowed to run cells and the message says so (and names
-    the agent group variable).  Returns an exit code only when refusing."""
+    """Non-root ``chv-cell [-v] run|status|read ...``: refuse (78, one line,
+    nothing started) what the agent would refuse, --policy, and a
+    --shared-network the world-readable policy forbids; check with ``sudo
+    -n -l`` that the user may run the agent (else say so, naming the group
+    variable); then exec sudo.  Returns an exit code only when refusing."""
     agent = agent or agent_path()
     policy_path = policy_path or policymod.DEFAULT_POLICY_PATH
     if policy_given:

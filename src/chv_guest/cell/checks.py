@@ -98,12 +98,10 @@ def check_scope_limits(policy: policymod.Policy, slot: policymod.Slot, leader: i
     _limits_verdict(policy, slot, problems)
 
 def start_userns_restriction(libc: ctypes.CDLL, leader: int) -> Tuple[int, int]:
-    """Write 0 to user.max_user_namespaces of the cell's own user
-    namespace.  The user.* sysctls resolve against the writer's user
-    namespace, so a forked child joins the cell's (setns) and writes.
-    Where /proc/sys is mounted read-only (a guest that is itself a
-    container, such as the lab's nspawn guests), the child first makes it
-    writable in a private mount namespace of its own."""
+    """Start a child that writes 0 to user.max_user_namespaces in the
+    cell's user namespace (user.* sysctls resolve against the writer's, so
+    it joins the cell's); on a read-only /proc/sys (a guest that is itself
+    a container) it remounts it in a private mount namespace first."""
     own, cell = (os.stat("/proc/%s/ns/user" % x).st_ino for x in ("self", leader))
     if own == cell:
         raise SetupError("the cell has no user namespace of its own")

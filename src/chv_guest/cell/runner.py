@@ -144,10 +144,8 @@ class Launcher(launchermod.Launcher):
         parent = os.getpid()
         libc = self._libc
         procs_files = [os.path.join(d, "cgroup.procs") for d in cgroup_dirs]
-        # The socket family filter (policy socket_families) is built here and
-        # loaded in the child, last, just before it execs systemd-run or
-        # nspawn: inherited by them and by every process of the cell.  No
-        # filter, no cell (unless the policy says "any").
+        # loaded last in the child, so that nspawn and every process of the
+        # cell inherit it (docs/cells.md "Socket families"); no filter, no cell
         try:
             family_filter = familiesmod.filter_for(self.policy["socket_families"])
         except familiesmod.FilterUnavailable as exc:

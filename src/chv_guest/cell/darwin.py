@@ -157,7 +157,7 @@ class Launcher(launchermod.Launcher):
               runtime_max: float) -> launchermod.Claimed:
         locks = [(s, os.path.join(self.policy["state_dir"], "locks", s["name"] + ".lock")) for s in slots]
         try:
-            return claimmod.claim_any(locks, wait, label=lambda s: str(s["name"]))
+            return claimmod.claim_any(locks, wait, label=launchermod.slot_name)
         except claimmod.SlotBusy as exc:
             log("every slot is busy: %s" % exc)
             return EXIT_BUSY

@@ -30,6 +30,11 @@ SHARED_NETWORK_REFUSAL = (
 Claimed = Union[int, Tuple[policymod.Slot, claimmod.Claim]]
 
 
+def slot_name(slot: policymod.Slot) -> str:
+    """A slot's name (claim.claim_any's label of a slot)."""
+    return str(slot["name"])
+
+
 class Launcher:
     """One ``chv-cell run``.  ``caller`` (e.g. ``chv (uid 1000) through
     sudo``) is only logged with ``verbose``.  ``watch_fds``: the fds whose

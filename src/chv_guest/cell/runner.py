@@ -34,10 +34,6 @@ PROPAGATE_DIR = "/run/systemd/nspawn/propagate"
 _PR_SET_PDEATHSIG = 1
 
 
-def _slot_name(slot: policymod.Slot) -> str:
-    return str(slot["name"])
-
-
 def _start(cmd: Sequence[str], data: str) -> subprocess.Popen[bytes]:
     """Popen ``cmd`` with ``data`` written to its stdin (closed after), its
     stdout and stderr together in one pipe."""
@@ -360,7 +356,7 @@ class Launcher(launchermod.Launcher):
                 if time.monotonic() - start > self.policy["start_timeout"]:
                     cold = locks
             try:
-                return claimmod.claim_any(cold, 0, sleep=self.sleep, label=_slot_name)
+                return claimmod.claim_any(cold, 0, sleep=self.sleep, label=launchermod.slot_name)
             except claimmod.SlotBusy:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -21,6 +21,7 @@ from . import claim as claimmod
 from . import errors
 from . import exits
 from . import host
+from . import launcher as launchermod
 from . import log as logmod
 from . import policy as policymod
 from . import runner
@@ -224,6 +225,22 @@ class WarmCell(runner.Launcher):
             os.close(fd)
         self._watch = []
 
+    def claim(self, slots: List[policymod.Slot], wait: float, command: Sequence[str], shared_network: bool,
+              runtime_max: float) -> launchermod.Claimed:
+        """The slot's lock, however long a cold run holds it (the warm cell
+        follows it); a stop signal meanwhile raises Interrupted."""
+        slot = slots[0]
+        lock = argvmod.cell_paths(self.policy, slot)["lock"]
+        ensure_dir(self.policy["state_dir"], 0o700)
+        while True:
+            try:
+                held = claimmod.try_claim(lock)
+                break
+            except claimmod.SlotBusy:
+                self.sleep(0.5)
+        self.t0 = time.monotonic()  # the cell's start, for -v's timings
+        return slot, held
+
     def serve(self) -> int:
         """The whole life of one warm cell; the process's exit code: 0 after
         a payload ran, the cell was retired or a stop signal came;
@@ -244,25 +261,10 @@ class WarmCell(runner.Launcher):
                 logmod.log("slot %s: %s; no warm cell for %gs" % (slot["name"], exc, RETRY_BACKOFF))
                 time.sleep(RETRY_BACKOFF)
                 return exits.EXIT_SETUP
-        self.install_signals()
         try:
-            lock = argvmod.cell_paths(p, slot)["lock"]
-            ensure_dir(p["state_dir"], 0o700)
-            while True:
-                try:
-                    held = claimmod.try_claim(lock)
-                    break
-                except claimmod.SlotBusy:
-                    self.sleep(0.5)  # a cold run is in the slot: the warm cell follows it
-            try:
-                self.scope, self.t0 = host.resolve_scope(p), time.monotonic()
-                rc = self.run_claimed(slot, ["warm"], False, 0)
-            finally:
-                held.release()
+            rc = self.claim_and_run([slot], 0, ["warm"], False, 0)  # launcher.py's run, from the claim on
         except errors.Interrupted:
             return 0
-        finally:
-            self.restore_signals()
         if self.handed_over or self.retired or self.stop_signal is not None:
             return 0
         time.sleep(RETRY_BACKOFF)

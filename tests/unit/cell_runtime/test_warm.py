@@ -5,13 +5,15 @@ the slot states, and one hand-over over a real socketpair with real fds
 import array
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from chv_guest.cell import actions, argv as argvmod, handover, policy as policymod, records, warm, warm_receive
+from chv_guest.cell import actions, argv as argvmod, claim as claimmod, handover, policy as policymod, records, warm
+from chv_guest.cell import warm_receive
 
 
 def test_the_policy_names_only_its_own_slots_as_warm(raw_policy):
@@ -114,6 +116,46 @@ class _Caller(object):
 
     def sleep(self, seconds, fds):
         return fds
+
+
+def test_a_warm_launcher_waits_out_a_cold_run_and_runs_its_cell_holding_the_slot(warm_policy, monkeypatch,
+                                                                                tmp_path):
+    """serve() claims through the base launcher's claim_and_run: it waits
+    while a cold run holds the slot's lock, runs the cell with the lock
+    held, releases it after and restores the signal handlers."""
+    pol = dict(warm_policy, require_ruleset=False)
+    slot = pol["slots"][1]
+    lock = argvmod.cell_paths(pol, slot)["lock"]
+    cold = claimmod.try_claim(lock)
+    cell = warm.WarmCell(pol, str(tmp_path / "policy.json"), slot)
+    seen = []
+
+    def sleep(seconds, fds=()):
+        seen.append(("sleep", seconds))
+        cold.release()  # the cold run ends
+        return []
+
+    def run_claimed(s, command, shared_network, runtime_max):
+        seen.append(("run", s is slot, command, os.path.exists(lock), cell.scope in ("systemd", "standalone")))
+        cell.handed_over = True
+        return 0
+
+    monkeypatch.setattr(cell, "sleep", sleep)
+    monkeypatch.setattr(cell, "run_claimed", run_claimed)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cell.serve() == 0
+    finally:
+        cell._ours.close()
+        os.close(cell.spawn_stdin)
+    assert seen == [("sleep", 0.5), ("run", True, ["warm"], True, True)]
+    assert not os.path.exists(lock) and signal.getsignal(signal.SIGTERM) is handler
+    other = warm.WarmCell(pol, str(tmp_path / "policy.json"), pol["slots"][0])  # not a warm slot
+    try:
+        assert other.serve() == warm.EXIT_NOT_WARM
+    finally:
+        other._ours.close()
+        os.close(other.spawn_stdin)
 
 
 def test_no_ready_warm_cell_means_a_cold_start(warm_policy):

@@ -1,30 +1,9 @@
-"""The agent's way in: non-root `chv-cell run|status|read` through sudo.
-
-Members of the agent group (role variable ``chv_cell_agent_group``) may run
-exactly one program as root, ``chv-cell-agent`` next to ``chv-cell``
-(/usr/lib/chv-fleet/chv-cell-agent), through a sudoers drop-in that allows
-it with ANY arguments.  So this module, not sudo, decides what a caller may
-ask for:
-
-- ``parse_agent_args`` (pure) accepts only ``run [--slot NAME] [--timeout S]
-  [--runtime-max S] [--status-fd N] [--shared-network] [-v] -- CMD...``,
-  ``status`` and ``read --slot NAME [--] PATH``; every other argument list
-  raises ``Refused`` (exit 78, nothing touched).
-  ``--shared-network`` passes this filter but is refused afterwards unless
-  the policy's ``allow_shared_network`` is true.  There is no ``--policy``:
-  the agent always reads ``policy.DEFAULT_POLICY_PATH``.
-- ``main`` (the ``chv-cell-agent`` entry point) additionally requires euid 0
-  and the caller's identity from sudo (``SUDO_UID``, ``SUDO_USER``): it is
-  refused when run directly, even by root (root runs ``chv-cell``).
-- ``delegate`` is what the public ``chv-cell`` does for a non-root user
-  asking for ``run``, ``status`` or ``read``: it refuses ``--policy`` and a
-  ``--shared-network`` the (world-readable) policy forbids, applies the same
-  filter, checks with ``sudo -n -l`` that the user may run the agent, and
-  then execs ``sudo -n <agent> <canonical args>``; stdin, stdout, stderr and
-  the exit status pass through sudo unchanged.  With ``--status-fd N`` it
-  execs ``sudo -n -C N+1 ...`` so that sudo keeps fd N open for the agent
-  (the sudoers drop-in allows that with ``closefrom_override``).
-"""
+"""The agent's way in: non-root ``chv-cell run|status|read`` through sudo
+(docs/executor.md).  sudo lets the agent group run ``chv-cell-agent`` with
+any arguments, so this module decides what a caller may ask for:
+``parse_agent_args`` is the one filter (pure); ``main`` is the agent (root,
+started by sudo only); ``delegate`` is the non-root wrapper, which refuses
+what the agent would and then execs sudo."""
 
 from __future__ import annotations
 
@@ -34,9 +13,12 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
+from . import actions
 from . import exits
 from . import log as logmod
 from . import policy as policymod
+from .launcher import SHARED_NETWORK_REFUSAL
+from .status import status_fd_problem
 
 EXIT_REFUSED = 78  # EX_CONFIG, as exits.EXIT_CONFIG: refused, nothing was started
 AGENT_NAME = "chv-cell-agent"
@@ -124,20 +106,11 @@ def _parse_read(rest: Sequence[str]) -> AgentRequest:
 
 
 def parse_agent_args(args: Iterable[str]) -> AgentRequest:
-    """Accept exactly ``["status"]``, ``["read", "--slot", NAME, ("--",)
-    PATH]`` or ``["run", OPTIONS..., "--", CMD...]``.
-
-    OPTIONS, each at most once, in any order: ``--slot NAME`` (NAME a slot
-    name, [a-z0-9][a-z0-9_-]{0,31}), ``--timeout S`` (0 to 86400),
-    ``--runtime-max S`` (> 0, at most a year), ``--status-fd N`` (3 to
-    1023), each also as ``--opt=VALUE``; the flags ``-v``/``--verbose`` and
-    ``--shared-network``.  S is a plain decimal number.  The ``--`` is
-    required and CMD must be non-empty with a non-empty first word;
-    everything after the first ``--`` is the payload's argv, taken verbatim.
-    No abbreviations, no other option (``--policy`` in particular), no other
-    subcommand.  Returns an AgentRequest; raises Refused naming the first
-    offending argument.
-    """
+    """Accept exactly ``status``, ``read --slot NAME [--] PATH`` or ``run
+    OPTIONS... -- CMD...`` (USAGE; docs/executor.md): each option at most
+    once, as ``--opt VALUE`` or ``--opt=VALUE``, no abbreviation, no
+    ``--policy``; CMD verbatim, its first word non-empty.  Raises Refused
+    naming the first offending argument."""
     args = list(args)
     if not args:
         raise Refused("no subcommand given")
@@ -250,18 +223,10 @@ def caller_from_env(environ: Mapping[str, str], euid: int) -> Caller:
 
 def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
          euid: Optional[int] = None) -> int:
-    """The ``chv-cell-agent`` entry point (root, through sudo).
-
-    Order: the argument filter, then the caller check, then the policy at
-    ``policy.DEFAULT_POLICY_PATH`` (always; there is no override), then the
-    ``--shared-network`` check against ``allow_shared_network``; any refusal
-    exits 78 with one ``chv-cell: ...`` line before a slot is claimed or a
-    file written.  Then it runs like ``chv-cell run`` / ``chv-cell status``
-    / ``chv-cell read`` (with ``-v`` the launcher names the caller).  A
-    ``--status-fd`` that is not open for writing is refused (78); once it
-    is, every later refusal writes its verdict there too."""
-    from . import cli, runner  # noqa: PLC0415 (cli imports this module)
-
+    """The ``chv-cell-agent`` entry point (root, through sudo): the filter,
+    the caller, the installed policy (no override) and --shared-network are
+    checked before a slot is claimed or a file written; each refusal is one
+    line and 78 (and, once --status-fd is known usable, its verdict)."""
     args = sys.argv[1:] if args is None else args
     environ = os.environ if environ is None else environ
     euid = os.geteuid() if euid is None else euid
@@ -271,22 +236,26 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     except Refused as exc:
         logmod.log("%s: %s; %s" % (AGENT_NAME, exc, USAGE))
         return EXIT_REFUSED
-    if req.status_fd is not None:
-        problem = runner.status_fd_problem(req.status_fd)
-        if problem:
-            logmod.log("%s: %s" % (AGENT_NAME, problem))
-            return EXIT_REFUSED
-    pol = cli.load_policy(policymod.DEFAULT_POLICY_PATH)
+    problem = _status_fd_problem(req)
+    if problem:
+        logmod.log("%s: %s" % (AGENT_NAME, problem))
+        return EXIT_REFUSED
+    pol = actions.load_policy(policymod.DEFAULT_POLICY_PATH)
     if pol is None:
-        return cli.refuse_with_status(req.status_fd)
+        return actions.refuse_with_status(req.status_fd)
     if req.shared_network and not pol["allow_shared_network"]:
-        logmod.log(runner.SHARED_NETWORK_REFUSAL)
-        return cli.refuse_with_status(req.status_fd)
+        logmod.log(SHARED_NETWORK_REFUSAL)
+        return actions.refuse_with_status(req.status_fd)
     if req.action == "status":
-        return cli.print_status(pol)
+        return actions.print_status(pol)
     if req.action == "read":
-        return cli.read_request(pol, req)
-    return cli.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid))
+        return actions.read_request(pol, req)
+    return actions.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid))
+
+
+def _status_fd_problem(req: AgentRequest) -> Optional[str]:
+    """What is wrong with the request's --status-fd (None: fine, or none)."""
+    return None if req.status_fd is None else status_fd_problem(req.status_fd)
 
 
 # ---------------------------------------------------------------- the wrapper side
@@ -334,18 +303,11 @@ def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd
 def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str], sudo: str = SUDO,
              agent: Optional[str] = None, policy_path: Optional[str] = None,
              execv: Callable[[str, List[str]], object] = os.execv) -> int:
-    """Non-root ``chv-cell [-v] run|status|read ...``: refuse what the agent
-    would refuse (exit 78, one message, nothing started), then exec sudo.
-
-    ``--policy`` is refused (the agent reads only the installed policy);
-    ``--shared-network`` is refused unless the installed policy (readable by
-    everyone) allows it; a top-level ``-v`` moves after ``run`` (``status``
-    and ``read`` have none; a ``--status-fd`` must be open for writing here).
-    Before exec, ``sudo -n -l AGENT`` must succeed: otherwise
-    the user is not allowed to run cells and the message says so (and names
-    the agent group variable).  Returns an exit code only when refusing."""
-    from . import runner  # noqa: PLC0415
-
+    """Non-root ``chv-cell [-v] run|status|read ...``: refuse (78, one line,
+    nothing started) what the agent would refuse, --policy, and a
+    --shared-network the world-readable policy forbids; check with ``sudo
+    -n -l`` that the user may run the agent (else say so, naming the group
+    variable); then exec sudo.  Returns an exit code only when refusing."""
     agent = agent or agent_path()
     policy_path = policy_path or policymod.DEFAULT_POLICY_PATH
     if policy_given:
@@ -356,14 +318,12 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
         rest = ["-v"] + list(rest)
     try:
         req = parse_agent_args([action] + list(rest))
+        problem = _status_fd_problem(req)
     except Refused as exc:
-        logmod.log("%s; %s" % (exc, USAGE))
+        problem = str(exc)
+    if problem:
+        logmod.log("%s; %s" % (problem, USAGE))
         return EXIT_REFUSED
-    if req.status_fd is not None:
-        problem = runner.status_fd_problem(req.status_fd)
-        if problem:
-            logmod.log("%s; %s" % (problem, USAGE))
-            return EXIT_REFUSED
     if req.shared_network:
         try:
             allowed = policymod.load(policy_path)["allow_shared_network"]
@@ -372,7 +332,7 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
                 logmod.log(e)
             return EXIT_REFUSED
         if not allowed:
-            logmod.log(runner.SHARED_NETWORK_REFUSAL)
+            logmod.log(SHARED_NETWORK_REFUSAL)
             return EXIT_REFUSED
     user = _user_name()
     problem = sudo_problem(sudo, agent)

@@ -43,7 +43,7 @@ from . import exits
 from . import families as familiesmod
 from . import health as healthmod
 from . import policy as policymod
-from . import runner
+from . import records
 
 EXIT_FAILED = 1
 EXIT_ERROR = 2
@@ -1581,8 +1581,8 @@ def _lifecycle(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot, 
         g["tasks"] = {"limit": int(limit), "control": counts[0], "started": counts[1]}
     # LIFE-03: every slot at once, then one more
     # warm cells being replaced after the runs above: wait until they wait
-    _wait(lambda: not any(runner.payload_running(pol, s) for s in pol["slots"]), 10)
-    busy = [s for s in pol["slots"] if runner.payload_running(pol, s)]
+    _wait(lambda: not any(records.payload_running(pol, s) for s in pol["slots"]), 10)
+    busy = [s for s in pol["slots"] if records.payload_running(pol, s)]
     if busy:
         g["busy_skip"] = "every slot idle (busy: %s)" % ", ".join(s["name"] for s in busy)
     else:
@@ -1592,9 +1592,9 @@ def _lifecycle(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot, 
                                             "--", "sh", "-c", gate), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for s in pol["slots"]]
         try:
-            _wait(lambda: all(runner.payload_running(pol, s) for s in pol["slots"]) or
+            _wait(lambda: all(records.payload_running(pol, s) for s in pol["slots"]) or
                   any(p.poll() is not None for p in procs), opts["timeout"] + 30)
-            running = sum(1 for s in pol["slots"] if runner.payload_running(pol, s))
+            running = sum(1 for s in pol["slots"] if records.payload_running(pol, s))
             extra, record = None, None
             if running == len(pol["slots"]):
                 extra, dummy, record = _run_status(policy_path, name, ["true"], 1)
@@ -1623,7 +1623,7 @@ def _lifecycle(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot, 
     # LIFE-04: SIGKILL a launcher whose cell runs; the slot is claimable again
     proc = subprocess.Popen(_chv_cell(policy_path, "run", "--slot", name, "--timeout", str(opts["timeout"]), "--",
                                       "sleep", "300"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    started = _wait(lambda: runner.payload_running(pol, slot_a) or proc.poll() is not None, opts["timeout"] + 30) and \
+    started = _wait(lambda: records.payload_running(pol, slot_a) or proc.poll() is not None, opts["timeout"] + 30) and \
         proc.poll() is None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -1636,7 +1636,7 @@ def _left_behind(pol: policymod.Policy, slots: Iterable[policymod.Slot]) -> List
     leftover (a warm cell listens only before its one payload)."""
     left: List[str] = []
     for s in slots:
-        if runner.warm_waiting(pol, s):
+        if records.warm_waiting(pol, s):
             continue
         if _record_exists(pol, s):
             left.append("record of %s" % s["name"])

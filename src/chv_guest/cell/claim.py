@@ -18,7 +18,9 @@ import errno
 import fcntl
 import os
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple, TypeVar
+
+K = TypeVar("K")
 
 
 class SlotBusy(Exception):
@@ -75,13 +77,13 @@ def try_claim(path: str) -> Claim:
         return Claim(path, fd)
 
 
-def claim_any(lock_paths: Sequence[Tuple[str, str]], timeout: float, poll: float = 0.05,
+def claim_any(lock_paths: Sequence[Tuple[K, str]], timeout: float, poll: float = 0.05,
               sleep: Callable[[float], object] = time.sleep,
-              clock: Callable[[], float] = time.monotonic) -> Tuple[str, Claim]:
+              clock: Callable[[], float] = time.monotonic, label: Callable[[K], str] = str) -> Tuple[K, Claim]:
     """Claim the first free lock among ``lock_paths`` (a list of (key, path)).
 
     Retries until ``timeout`` seconds have passed; returns (key, Claim) or
-    raises SlotBusy naming every slot tried.
+    raises SlotBusy naming (``label``) every key tried.
     """
     deadline = clock() + timeout
     delay = poll
@@ -92,6 +94,6 @@ def claim_any(lock_paths: Sequence[Tuple[str, str]], timeout: float, poll: float
             except SlotBusy:
                 continue
         if clock() >= deadline:
-            raise SlotBusy(", ".join(k for k, dummy in lock_paths))
+            raise SlotBusy(", ".join(label(k) for k, dummy in lock_paths))
         sleep(min(delay, max(0.0, deadline - clock())))
         delay = min(delay * 1.5, 0.5)

@@ -11,19 +11,19 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, List, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, List, Optional, Sequence, cast
 
 from . import agent as agentmod
-from . import errors
+from . import argv as argvmod
 from . import exits
 from . import log as logmod
 from . import policy as policymod
-from . import runner
+from . import host
+from .actions import load_policy, print_status, read_request, refuse_with_status, run_request, start_run
+from .launcher import SHARED_NETWORK_REFUSAL
 
 if TYPE_CHECKING:
     import argparse
-
-    from . import darwin
 
 # The rest is imported where it is used: a plain `chv-cell run -- CMD`
 # (fast_run) needs neither argparse nor the audit's modules, which are most
@@ -48,6 +48,11 @@ def _pick_slot(pol: policymod.Policy, name: Optional[str]) -> policymod.Slot:
         raise policymod.PolicyError(
             ["no slot named %r (have: %s)" % (name, ", ".join(s["name"] for s in pol["slots"]))]
         )
+
+
+def _repeated(parser: argparse.ArgumentParser, option: str, metavar: str, text: str) -> None:
+    """An option given any number of times (a list, empty by default); ``text``: its help."""
+    parser.add_argument(option, action="append", default=[], metavar=metavar, help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,11 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(exit 0 healthy, %d not)" % healthmod.EXIT_UNHEALTHY)
     h.add_argument("--unit", action="append", default=[], help="a unit that must be active and not restarting")
     h.add_argument("--broker-client", metavar="PATH", help="the broker's client.py: ping the broker from the cell")
-    h.add_argument("--allow", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination the cell must reach")
-    h.add_argument("--deny", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination the ruleset must refuse (the guest at the cell's gateway, port %d, always is)"
-                   % healthmod.GUEST_PROBE_PORT)
+    _repeated(h, "--allow", "HOST:PORT", "a destination the cell must reach")
+    _repeated(h, "--deny", "HOST:PORT", "a destination the ruleset must refuse (the guest at the cell's gateway, "
+              "port %d, always is)" % healthmod.GUEST_PROBE_PORT)
     h.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
     h.add_argument("--json", action="store_true", help="print the checks as JSON")
 
@@ -147,10 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                        % (auditmod.EXIT_FAILED, auditmod.EXIT_ERROR))
     u.add_argument("--list", action="store_true", help="print the catalog (Markdown) and run nothing")
     u.add_argument("--slot", help="the slot of cell A (default: the first); cell B takes another")
-    u.add_argument("--allow", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination cells may reach (NET-01)")
-    u.add_argument("--deny", action="append", default=[], metavar="HOST:PORT",
-                   help="a destination the egress policy denies and the guest reaches (NET-05)")
+    _repeated(u, "--allow", "HOST:PORT", "a destination cells may reach (NET-01)")
+    _repeated(u, "--deny", "HOST:PORT", "a destination the egress policy denies and the guest reaches (NET-05)")
     u.add_argument("--allow-url", metavar="URL",
                    help="an http(s) page cells may open through chv-browser (BRW cases; BRW-04 needs the page "
                    "chv-cell audit's own listener serves)")
@@ -159,19 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "and the guest reaches (TEN-06)")
     u.add_argument("--metadata-stand-in", action="store_true",
                    help="add %s to the guest's loopback for the run (NET-04)" % auditmod.METADATA)
-    u.add_argument("--trusted", action="append", default=[], metavar="PATH",
-                   help="another file cells must not be able to write (FS-09), e.g. the ruleset")
+    _repeated(u, "--trusted", "PATH", "another file cells must not be able to write (FS-09), e.g. the ruleset")
     u.add_argument("--broker-client", default=os.path.join(lib, "chv_guest", "broker", "client.py"), metavar="PATH",
                    help="chv-broker's client.py (default: %(default)s; IPC cases skipped when missing)")
     u.add_argument("--runs", type=int, default=100, help="consecutive runs of LIFE-02 (default 100)")
     u.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
     u.add_argument("--report-dir", metavar="DIR", help="write audit.json, audit.xml (JUnit) and audit.md there")
-    u.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                   help="a line for the report's header (the collection version, a git commit)")
+    _repeated(u, "--label", "KEY=VALUE", "a line for the report's header (the collection version, a git commit)")
     u.add_argument("--strict-skips", action="store_true", help="a skipped case fails the run")
-    u.add_argument("--case", action="append", default=[], metavar="ID",
-                   help="run and report this case only (repeatable; the cells' probes still run whole, the "
-                   "lifecycle runs only for a lifecycle case)")
+    _repeated(u, "--case", "ID", "run and report this case only (repeatable; the cells' probes still run whole, "
+              "the lifecycle runs only for a lifecycle case)")
     u.add_argument("--keep", action="store_true",
                    help="keep the files the audit put into the slots for inspection (their paths in the report's "
                    "header); its processes and guest changes are still undone")
@@ -182,29 +180,6 @@ def build_parser() -> argparse.ArgumentParser:
                    % (counterproof.EXIT_NOT_PROVEN, counterproof.EXIT_ERROR))
     u.add_argument("--json", action="store_true", help="print the report as JSON instead of Markdown")
     return ap
-
-
-def print_status(pol: policymod.Policy) -> int:
-    """``chv-cell status``: one line per slot (identity and live record); 0."""
-    for s in pol["slots"]:
-        try:
-            rec = runner.read_record(pol, s)
-            alive = rec is not None and os.path.exists("/proc/%d" % int(rec["pid"]))
-            if rec is None:
-                state = "idle"
-            elif runner.warm_idle(rec) and alive:
-                # no payload runs: idle, never "running pid=N" (the drain's pattern)
-                state = "idle (warm cell %s, pid %s)" % ("ready" if runner.warm_waiting(pol, s, rec) else "starting", rec["pid"])
-            else:
-                state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            state = "unknown (%s)" % exc
-        print(
-            "%-10s %-12s %-15s %-18s uid %d+%d  %s"
-            % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)
-        )
-    sys.stdout.flush()
-    return 0
 
 
 def _targets_ok(ns: argparse.Namespace) -> bool:
@@ -306,74 +281,6 @@ def fast_run(verbose: bool, rest: Sequence[str]) -> Optional[int]:
     return refuse_with_status(req.status_fd) if pol is None else run_request(pol, req)
 
 
-def load_policy(path: str) -> Optional[policymod.Policy]:
-    """The policy at ``path``, or None after logging each of its errors."""
-    try:
-        return policymod.load(path)
-    except policymod.PolicyError as exc:
-        for e in exc.errors:
-            logmod.log(e)
-        return None
-
-
-def launcher_for(pol: policymod.Policy, verbose: bool = False,
-                 caller: Optional[str] = None) -> Union[runner.Launcher, darwin.Launcher]:
-    """The launcher of the policy's platform: nspawn cells (runner) or, for
-    a darwin policy, a slot user under sandbox-exec (darwin)."""
-    if pol["platform"] == "darwin":
-        from . import darwin  # noqa: PLC0415
-
-        return darwin.Launcher(pol, verbose=verbose, caller=caller)
-    return runner.Launcher(pol, verbose=verbose, caller=caller)
-
-
-def refuse_with_status(status_fd: Optional[int]) -> int:
-    """A run refused before its launcher exists (policy unusable, a request
-    the policy forbids): the config verdict on ``status_fd`` (when given and
-    usable); EXIT_CONFIG."""
-    if status_fd is not None and runner.status_fd_problem(status_fd) is None:
-        runner.write_status(status_fd, runner.status_record(exits.EXIT_CONFIG, "config"))
-    return exits.EXIT_CONFIG
-
-
-def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
-              shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool = False,
-              caller: Optional[str] = None) -> int:
-    """A run with the launcher of the policy's platform; its exit code.
-    ``status_fd`` (None: none) must be open for writing; the launcher writes
-    its verdict there (runner.write_status).  macOS cells do not report
-    one yet: refused there (78)."""
-    if status_fd is not None:
-        problem = runner.status_fd_problem(status_fd)
-        if problem:
-            logmod.log(problem)
-            return exits.EXIT_CONFIG
-        if pol["platform"] != "linux":
-            logmod.log("--status-fd is not supported for %s cells yet" % pol["platform"])
-            return refuse_with_status(status_fd)
-    launcher = launcher_for(pol, verbose=verbose, caller=caller)
-    if isinstance(launcher, runner.Launcher):  # a darwin launcher has no verdict channel (refused above)
-        launcher.status_fd = status_fd
-    return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
-                        runtime_max=runtime_max)
-
-
-def run_request(pol: policymod.Policy, req: agentmod.AgentRequest, caller: Optional[str] = None) -> int:
-    """Run an agent.AgentRequest of action run; its exit code."""
-    return start_run(pol, req.command, req.slot, req.timeout, req.shared_network, req.runtime_max, req.status_fd,
-                     verbose=req.verbose, caller=caller)
-
-
-def read_request(pol: policymod.Policy, req: agentmod.AgentRequest) -> int:
-    """``chv-cell read`` (an agent.AgentRequest of action read): the slot's
-    file on stdout (chv_cell/slotfiles.py); its exit code."""
-    from . import slotfiles  # noqa: PLC0415
-
-    sys.stdout.flush()
-    # a read request names both (agent._parse_read, main)
-    return slotfiles.read_file(pol, cast(str, req.slot), cast(str, req.path), out_fd=1, log=logmod.log)
-
-
 def _asks_for_help(rest: Sequence[str]) -> bool:
     """-h/--help among the options before '--'."""
     opts = rest[:rest.index("--")] if "--" in rest else rest
@@ -429,10 +336,9 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     if ns.action == "argv":
         import shlex  # noqa: PLC0415
 
-        from . import argv as argvmod  # noqa: PLC0415 (runner has imported it)
         cmd = _command(ns, ap)
         if ns.shared_network and not pol["allow_shared_network"]:
-            logmod.log(runner.SHARED_NETWORK_REFUSAL)
+            logmod.log(SHARED_NETWORK_REFUSAL)
             return exits.EXIT_CONFIG
         try:
             slot = _pick_slot(pol, ns.slot)
@@ -440,8 +346,8 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
             logmod.log(exc.errors[0])
             return exits.EXIT_CONFIG
         facts = argvmod.HostFacts(
-            scope=runner.resolve_scope(pol),
-            existing=runner.probe(argvmod.probe_paths(pol, slot)),
+            scope=host.resolve_scope(pol),
+            existing=host.probe(argvmod.probe_paths(pol, slot)),
             shared_network=ns.shared_network,
             run_id="<pid>",  # a run uses the launcher's pid
         )
@@ -463,11 +369,11 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         from . import warm as warmmod  # noqa: PLC0415
 
         try:
-            policymod.slot_by_name(pol, ns.slot)
+            slot = policymod.slot_by_name(pol, ns.slot)
         except KeyError:
             logmod.log("warm: no slot named %r in the policy" % ns.slot)
             return exits.EXIT_CONFIG
-        return warmmod.WarmCell(pol, ns.policy, ns.slot, verbose=ns.verbose).serve()
+        return warmmod.WarmCell(pol, ns.policy, slot, verbose=ns.verbose).serve()
     if ns.action == "audit":
         try:
             return audit(ns)

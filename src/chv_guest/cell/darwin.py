@@ -1,34 +1,11 @@
-"""The macOS launcher: ``chv-cell run -- CMD`` on a darwin policy
-(docs/macos.md).  Nothing here has run on real macOS yet.
-
-A macOS cell is a slot's unprivileged user running the payload under
-``sandbox-exec`` with the slot's Seatbelt profile (chv_cell/seatbelt.py),
-while the pf anchor of chv.fleet.cell_nat limits that user's traffic.
-
-Order of a run, as root:
-  1. claim a free slot (chv_cell/claim.py: the same flock claim as Linux);
-  2. check, fail closed: the slot's profile file is root's, not writable by
-     anyone else, and holds exactly ``seatbelt.profile(policy, slot)``; with
-     ``require_ruleset`` the pf anchor holds rules (``pfctl -a ANCHOR -s
-     rules``);
-  3. empty and recreate the slot's temp directory (the slot user's, 0700);
-  4. fork; the child drops to the slot user (setgroups to none, setgid,
-     setuid: no way back), applies the policy's rlimits, changes to the
-     workspace and execs ``sandbox-exec -f PROFILE CMD...`` as that user;
-  5. record the cell (state_dir/cells/<slot>.json: pid and uid, for the
-     broker's peer check), relay signals, enforce runtime_max, and on exit
-     remove the record, empty the temp directory and release the slot.
-
-Why the privileges are dropped before sandbox-exec rather than inside the
-sandbox: a profile that let a root process change its uid would have to
-allow exec of a set-id helper (sudo, su) in the cell; dropped first, every
-process under the sandbox is the slot user from its first instruction, and
-nothing in the profile needs to allow a privilege change.
-"""
+"""The macOS launcher: ``chv-cell run -- CMD`` on a darwin policy runs the
+payload as the slot's user under ``sandbox-exec`` with the slot's Seatbelt
+profile, while cell_nat's pf anchor filters that user's traffic.  The order
+of a run, and why the privileges drop before sandbox-exec: docs/macos.md.
+Nothing here has run on real macOS yet."""
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import signal
@@ -38,17 +15,17 @@ import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import claim as claimmod
+from . import launcher as launchermod
 from . import policy as policymod
-from . import runner
+from . import records
 from . import seatbelt
+from .exits import EXIT_BUSY, EXIT_CONFIG, EXIT_RUNTIME, EXIT_SETUP
+from .fsutil import unlink
+from .log import log
 
 if TYPE_CHECKING:
     from types import FrameType
 
-EXIT_SETUP = 125
-EXIT_BUSY = 75
-EXIT_CONFIG = 78
-EXIT_RUNTIME = 124
 PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 
 # resource module names of the policy's rlimits (those macOS has)
@@ -72,11 +49,6 @@ class Refused(Exception):
     def __init__(self, message: str, code: int = EXIT_SETUP) -> None:
         super().__init__(message)
         self.code = code
-
-
-def log(msg: str) -> None:
-    sys.stderr.write("chv-cell: %s\n" % msg)
-    sys.stderr.flush()
 
 
 def profile_path(policy_path: str, slot: policymod.Slot) -> str:
@@ -160,51 +132,45 @@ def anchor_loaded(policy: policymod.Policy, run: Callable[..., subprocess.Comple
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-class Launcher:
-    """``chv-cell run`` for a darwin policy (as cli.run_request calls it)."""
+class Launcher(launchermod.Launcher):
+    """``chv-cell run`` for a darwin policy (launcher.py has the run's
+    skeleton; no signals are caught until the payload runs)."""
 
     def __init__(self, policy: policymod.Policy, verbose: bool = False, caller: Optional[str] = None,
                  policy_path: str = policymod.DEFAULT_POLICY_PATH) -> None:
-        self.policy = policy
-        self.verbose = verbose
-        self.caller = caller
+        super().__init__(policy, verbose=verbose, caller=caller)
         self.policy_path = policy_path
 
-    def run(self, cmd: Sequence[str], slot_name: Optional[str] = None, timeout: Optional[float] = None,
-            shared_network: bool = False, runtime_max: Optional[float] = None) -> int:
+    def refusal(self, shared_network: bool) -> Optional[str]:
         pol = self.policy
         if pol["platform"] != "darwin" or sys.platform != "darwin":
-            log("this launcher runs darwin policies on macOS only (policy %s, system %s)"
-                % (pol["platform"], sys.platform))
-            return EXIT_CONFIG
+            return "this launcher runs darwin policies on macOS only (policy %s, system %s)" % (
+                pol["platform"], sys.platform)
         if shared_network:
-            log("--shared-network does not exist on macOS: every cell shares the host's network, filtered by pf")
-            return EXIT_CONFIG
+            return "--shared-network does not exist on macOS: every cell shares the host's network, filtered by pf"
+        return None
+
+    def no_slot(self, slot_name: Optional[str]) -> str:
+        return "no slot named %r" % slot_name
+
+    def claim(self, slots: List[policymod.Slot], wait: float, command: Sequence[str], shared_network: bool,
+              runtime_max: float) -> launchermod.Claimed:
+        locks = [(s, os.path.join(self.policy["state_dir"], "locks", s["name"] + ".lock")) for s in slots]
         try:
-            limit = policymod.effective_runtime_max(pol["runtime_max"], runtime_max)
-        except ValueError as exc:
-            log(str(exc))
-            return EXIT_CONFIG
-        slots = [s for s in pol["slots"] if slot_name in (None, s["name"])]
-        if not slots:
-            log("no slot named %r" % slot_name)
-            return EXIT_CONFIG
-        locks = [(s["name"], os.path.join(pol["state_dir"], "locks", s["name"] + ".lock")) for s in slots]
-        try:
-            name, held = claimmod.claim_any(locks, pol["claim_timeout"] if timeout is None else timeout)
+            return claimmod.claim_any(locks, wait, label=launchermod.slot_name)
         except claimmod.SlotBusy as exc:
             log("every slot is busy: %s" % exc)
             return EXIT_BUSY
-        slot = policymod.slot_by_name(pol, name)
+
+    def run_claimed(self, slot: policymod.Slot, command: Sequence[str], shared_network: bool,
+                    runtime_max: float) -> int:
         try:
-            return self._run_claimed(slot, cmd, limit)
+            return self._run_payload(slot, command, runtime_max)
         except Refused as exc:
             log(str(exc))
             return exc.code
-        finally:
-            held.release()
 
-    def _run_claimed(self, slot: policymod.Slot, cmd: Sequence[str], limit: float) -> int:
+    def _run_payload(self, slot: policymod.Slot, cmd: Sequence[str], limit: float) -> int:
         pol = self.policy
         path = profile_path(self.policy_path, slot)
         check_profile(path, seatbelt.profile(pol, slot))
@@ -237,11 +203,10 @@ class Launcher:
             os._exit(EXIT_SETUP)
         try:
             os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
-            rec = {"slot": slot["name"], "pid": pid, "uid_base": uid, "uid_size": 1}
-            runner._write_atomic(record, json.dumps(rec, sort_keys=True) + "\n", 0o600)  # pylint: disable=protected-access
+            records.write(record, {"slot": slot["name"], "pid": pid, "uid_base": uid, "uid_size": 1})
             return self._wait(pid, limit)
         finally:
-            runner._unlink(record)  # pylint: disable=protected-access
+            unlink(record)
             self._fresh_tmp(dirs["tmp"], uid, gid, recreate=False)
 
     def _wait(self, pid: int, limit: float) -> int:

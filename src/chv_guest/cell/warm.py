@@ -1,63 +1,41 @@
-"""Warm cells: a cell kept started, configured and checked, waiting for a
-payload (docs/cells.md "Warm cells").
-
-``chv-cell warm --slot NAME`` (the unit chv-cell-warm@NAME.service, root)
-is a WarmCell: it claims the slot's lock like any run and starts the cell
-exactly as ``chv-cell run`` would (the same argv, identity, veth, ruleset,
-limits and user-namespace checks) except that the cell's pid 2 is
-warm_receive.py and nspawn's stdin is one end of a socketpair made before
-the cell started.  Once the gate is open it listens on
-``<state_dir>/warm/NAME.sock`` (a root-only directory no cell can see) for
-ONE caller.  ``chv-cell run`` (warm.handover, the caller's side) connects,
-sends the payload's argv with its stdin, stdout and stderr attached
-(SCM_RIGHTS) and waits; the warm launcher checks again what may have
-changed since the cell started (the policy and launcher files, the
-ruleset), hands argv and fds to the cell over the socketpair, answers
-``started`` and then serves the run as ``chv-cell run`` does (runtime_max,
-stop on a signal the caller forwards or on its hang-up) and answers the
-exit code.  Then it tears the cell down and exits; systemd starts the next
-one (Restart=always).  A cell is used once.
-
-Messages are JSON over SOCK_SEQPACKET.  Caller -> warm: {"argv": [...],
-"runtime_max": S or null, "caller": text or null, "policy": the digest of
-the caller's policy (policy_digest)} with three fds, then
-{"signal": N} at most once.  Warm -> caller: {"started": true} or
-{"retry": why} (try another cell, or a cold start) or {"exit": N,
-"payload_exit": N or null, "error": text} (the run's end: payload_exit is
-the payload's own exit code when it ended by itself, the ground of the
-caller's --status-fd verdict; or a refusal: nothing ran)."""
+"""Warm cells, the warm side (docs/cells.md "Warm cells"):
+``chv-cell warm --slot NAME`` (unit chv-cell-warm@NAME.service) starts the
+slot's cell as ``chv-cell run`` would, but with warm_receive.py as its pid 2
+and a socketpair as nspawn's stdin; once the gate is open it waits on
+``<state_dir>/warm/NAME.sock`` for ONE caller (handover.py, which also
+holds the messages), checks again what may have changed since the cell
+started, hands the payload over and serves the run.  A cell is used once;
+systemd starts the next."""
 
 from __future__ import annotations
 
 import array
-import hashlib
-import json
 import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 from . import argv as argvmod
+from . import checks
 from . import claim as claimmod
 from . import errors
 from . import exits
+from . import host
+from . import launcher as launchermod
 from . import log as logmod
 from . import policy as policymod
 from . import runner
 from . import warm_receive
+from .fsutil import ensure_dir, unlink
+from .handover import encode, policy_digest, recv, send, socket_path
 
 if TYPE_CHECKING:
     import subprocess
 
-MESSAGE_MAX = warm_receive.REQUEST_MAX + 4096
 STAMP_POLL = 1.0  # seconds between checks of the policy and launcher files while idle
 RETRY_BACKOFF = 5.0  # seconds a warm launcher waits after a cell failed to start
 EXIT_NOT_WARM = 3  # the slot is not in warm_slots (the unit's RestartPreventExitStatus)
 STALE = "the policy or the launcher changed since the warm cell started"
-
-
-def socket_path(policy: policymod.Policy, name: str) -> str:
-    return argvmod.cell_paths(policy, policymod.slot_by_name(policy, name))["warm_socket"]
 
 
 def files_stamp(paths: Iterable[str]) -> Tuple[Tuple[object, ...], ...]:
@@ -80,28 +58,6 @@ def watched_files(policy_path: str) -> List[str]:
     return [policy_path] + sorted(os.path.join(here, n) for n in os.listdir(here) if n.endswith(".py"))
 
 
-def policy_digest(policy: policymod.Policy) -> str:
-    """The policy's content (merged with the defaults) as one digest: a warm
-    cell takes only payloads of callers with the very same policy (a run
-    with --policy FILE, e.g. chv-cell audit's loosened copies, starts cold)."""
-    return hashlib.sha256(json.dumps(policy, sort_keys=True).encode()).hexdigest()
-
-
-def encode(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True).encode()
-
-
-def decode(data: bytes) -> Optional[Dict[str, Any]]:
-    """A message as a dict, or None (EOF, or not a JSON object)."""
-    if not data:
-        return None
-    try:
-        obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def check_request(req: Optional[Dict[str, Any]], policy_runtime_max: float) -> Tuple[List[str], float]:
     """(argv, runtime_max) of a caller's request, or ValueError."""
     if req is None:
@@ -113,33 +69,15 @@ def check_request(req: Optional[Dict[str, Any]], policy_runtime_max: float) -> T
     return argv, policymod.effective_runtime_max(policy_runtime_max, req.get("runtime_max") or None)
 
 
-def _recv(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
-    """One message with any fds attached: (dict or None, [fds])."""
-    data, fds, truncated = warm_receive.receive(sock, MESSAGE_MAX)
-    if truncated:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    return decode(data), fds
-
-
-def _send(sock: socket.socket, obj: object) -> bool:
-    try:
-        sock.send(encode(obj))
-        return True
-    except OSError:
-        return False
-
-
 class WarmCell(runner.Launcher):
-    """One warm cell of slot ``slot_name``, used once (see the module doc)."""
+    """One warm cell of ``slot``, used once (see the module doc)."""
 
     spawn_stdin: int  # the cell's end of the socketpair (closed once spawn() gave it to nspawn)
 
-    def __init__(self, policy: policymod.Policy, policy_path: str, slot_name: str, verbose: bool = False) -> None:
+    def __init__(self, policy: policymod.Policy, policy_path: str, slot: policymod.Slot, verbose: bool = False) -> None:
         super().__init__(policy, verbose=verbose, watch_fds=[])
         self.policy_path = policy_path
-        self.slot_name = slot_name
+        self.slot = slot
         self.stamp = files_stamp(watched_files(policy_path))
         self.digest = policy_digest(policy)
         self.record_extra = {"warm": True}
@@ -168,9 +106,9 @@ class WarmCell(runner.Launcher):
     def after_gate(self, slot: policymod.Slot, proc: subprocess.Popen[bytes], pidfd: int,
                    runtime_max: float) -> float:
         """Listen for one caller; check; hand the payload to the cell."""
-        path = argvmod.cell_paths(self.policy, slot)["warm_socket"]
-        runner._ensure_dir(os.path.dirname(path), 0o700)
-        runner._unlink(path)
+        path = socket_path(self.policy, slot)
+        ensure_dir(os.path.dirname(path), 0o700)
+        unlink(path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             old = os.umask(0o177)
@@ -194,7 +132,7 @@ class WarmCell(runner.Launcher):
                 if taken is not None:
                     return taken
         finally:
-            runner._unlink(path)
+            unlink(path)
             listener.close()
 
     def _retire(self, why: str) -> NoReturn:
@@ -204,7 +142,7 @@ class WarmCell(runner.Launcher):
     def _refuse(self, rc: int, error: str) -> None:
         """Answer the caller with the run's end (nothing ran) and hang up."""
         assert self.conn is not None  # only while a caller is connected
-        _send(self.conn, {"exit": rc, "error": error})
+        send(self.conn, {"exit": rc, "error": error})
         self.conn.close()
         self.conn = None
 
@@ -212,7 +150,7 @@ class WarmCell(runner.Launcher):
         """Check the request and what may have changed since the cell
         started, then give the cell the payload; its runtime_max."""
         assert self.conn is not None  # after_gate accepted it
-        req, fds = _recv(self.conn)
+        req, fds = recv(self.conn)
         try:
             if len(fds) != warm_receive.STDIO_FDS:
                 self._refuse(exits.EXIT_SETUP, "the warm cell got %d file descriptors, not %d"
@@ -225,15 +163,15 @@ class WarmCell(runner.Launcher):
                 self._retire("refused a request: %s" % exc)
             assert req is not None  # check_request refuses None
             if self.stale():
-                _send(self.conn, {"retry": STALE})
+                send(self.conn, {"retry": STALE})
                 self._retire(STALE + "; replacing it")
-            if runner.probe(argvmod.probe_paths(self.policy, slot)) != self.paths_probed:
+            if host.probe(argvmod.probe_paths(self.policy, slot)) != self.paths_probed:
                 # e.g. a file to hide (policy inaccessible) created since: its
                 # --inaccessible= is not in this cell's argv
-                _send(self.conn, {"retry": "paths the cell's argv depends on appeared or went away since it started"})
+                send(self.conn, {"retry": "paths the cell's argv depends on appeared or went away since it started"})
                 self._retire("paths the cell's argv depends on appeared or went away since it started; replacing it")
             if req.get("policy") != self.digest:
-                _send(self.conn, {"retry": "the caller's policy is not the one the warm cell started with"})
+                send(self.conn, {"retry": "the caller's policy is not the one the warm cell started with"})
                 self.conn.close()
                 self.conn = None
                 for fd in fds:
@@ -241,7 +179,7 @@ class WarmCell(runner.Launcher):
                 return None
             if self.policy["require_ruleset"]:
                 try:
-                    self.check_ruleset(slot)
+                    checks.check_ruleset(self.policy, slot)
                 except errors.SetupError as exc:
                     self._refuse(exits.EXIT_SETUP, str(exc))
                     raise
@@ -260,13 +198,13 @@ class WarmCell(runner.Launcher):
         self.handed_over = True
         self.wait_fds = [self.conn.fileno()]
         logmod.log("slot %s: warm cell took a payload%s" % (slot["name"], " of " + req["caller"] if req.get("caller") else ""))
-        _send(self.conn, {"started": True})
+        send(self.conn, {"started": True})
         return runtime_max
 
     def on_ready(self, ready: List[int]) -> None:
         if self.conn is None or self.conn.fileno() not in ready:
             return
-        msg, fds = _recv(self.conn)
+        msg, fds = recv(self.conn)
         for fd in fds:
             os.close(fd)
         if msg is None:
@@ -280,12 +218,28 @@ class WarmCell(runner.Launcher):
         if self.conn is not None:
             # payload_exit: the payload's own exit code when it ended by itself
             # (None when the launcher stopped it or failed); the caller's verdict
-            _send(self.conn, {"exit": rc, "payload_exit": self.payload_exit})
+            send(self.conn, {"exit": rc, "payload_exit": self.payload_exit})
             self.conn.close()
             self.conn = None
         for fd in self._watch:
             os.close(fd)
         self._watch = []
+
+    def claim(self, slots: List[policymod.Slot], wait: float, command: Sequence[str], shared_network: bool,
+              runtime_max: float) -> launchermod.Claimed:
+        """The slot's lock, however long a cold run holds it (the warm cell
+        follows it); a stop signal meanwhile raises Interrupted."""
+        slot = slots[0]
+        lock = argvmod.cell_paths(self.policy, slot)["lock"]
+        ensure_dir(self.policy["state_dir"], 0o700)
+        while True:
+            try:
+                held = claimmod.try_claim(lock)
+                break
+            except claimmod.SlotBusy:
+                self.sleep(0.5)
+        self.t0 = time.monotonic()  # the cell's start, for -v's timings
+        return slot, held
 
     def serve(self) -> int:
         """The whole life of one warm cell; the process's exit code: 0 after
@@ -293,137 +247,25 @@ class WarmCell(runner.Launcher):
         EXIT_NOT_WARM when the slot is not warm in the policy; 125 after a
         failed start (after a pause, so that systemd's restarts do not spin)."""
         p = self.policy
-        if self.slot_name not in p["warm_slots"]:
+        slot = self.slot
+        if slot["name"] not in p["warm_slots"]:
             logmod.log("slot %s is not in the policy's warm_slots (%s); no warm cell"
-                       % (self.slot_name, ", ".join(p["warm_slots"]) or "none"))
+                       % (slot["name"], ", ".join(p["warm_slots"]) or "none"))
             return EXIT_NOT_WARM
-        slot = policymod.slot_by_name(p, self.slot_name)
         if p["require_ruleset"]:
             # no cell while the ruleset does not cover the slot (e.g. cell_nat
             # not converged yet): a start would be refused at its end anyway
             try:
-                self.check_ruleset(slot)
+                checks.check_ruleset(self.policy, slot)
             except errors.SetupError as exc:
                 logmod.log("slot %s: %s; no warm cell for %gs" % (slot["name"], exc, RETRY_BACKOFF))
                 time.sleep(RETRY_BACKOFF)
                 return exits.EXIT_SETUP
-        self.install_signals()
         try:
-            lock = argvmod.cell_paths(p, slot)["lock"]
-            runner._ensure_dir(p["state_dir"], 0o700)
-            while True:
-                try:
-                    held = claimmod.try_claim(lock)
-                    break
-                except claimmod.SlotBusy:
-                    self.sleep(0.5)  # a cold run is in the slot: the warm cell follows it
-            try:
-                rc = self._run_claimed(slot, runner.resolve_scope(p), ["warm"], False, time.monotonic())
-            finally:
-                held.release()
+            rc = self.claim_and_run([slot], 0, ["warm"], False, 0)  # launcher.py's run, from the claim on
         except errors.Interrupted:
             return 0
-        finally:
-            self.restore_signals()
         if self.handed_over or self.retired or self.stop_signal is not None:
             return 0
         time.sleep(RETRY_BACKOFF)
         return rc
-
-
-def request(launcher: runner.Launcher, command: Sequence[str], runtime_max: float) -> Optional[bytes]:
-    """A caller's request for handover (built once per run), or None when
-    the argv is too long for one message (a cold cell then)."""
-    req = encode({"argv": list(command), "runtime_max": runtime_max, "caller": launcher.caller,
-                  "policy": policy_digest(launcher.policy)})
-    if len(req) > warm_receive.REQUEST_MAX:
-        launcher.debug("the command line is too long for a warm cell (%d bytes); starting a cold one" % len(req))
-        return None
-    return req
-
-
-def handover(launcher: runner.Launcher, names: Iterable[str], req: bytes, t0: float) -> Optional[int]:
-    """The caller's side: offer the request ``req`` (request()) to the ready
-    warm cells of the slots ``names`` in turn.  Returns the run's exit code,
-    or None when no warm cell took it (none ready, or all taken meanwhile):
-    the caller then starts a cold cell."""
-    p = launcher.policy
-    stdio = _stdio_fds()
-    try:
-        for name in names:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            try:
-                sock.connect(socket_path(p, name))
-                sock.sendmsg([req], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
-            except OSError:
-                sock.close()
-                continue
-            reply, dummy = _recv(sock)
-            if reply is None or "retry" in reply:
-                if reply is not None:
-                    launcher.debug("slot %s: warm cell not used: %s" % (name, reply["retry"]))
-                sock.close()
-                continue
-            if not reply.get("started"):
-                sock.close()
-                if reply.get("error"):
-                    logmod.log("slot %s: %s" % (name, reply["error"]))
-                return _exit_code(reply)
-            launcher.debug("slot %s: warm cell took the payload %.3fs after start" % (name, time.monotonic() - t0))
-            launcher.claimed_slot, launcher.payload_started = name, True
-            return _wait(launcher, sock, name)
-    finally:
-        for fd in stdio:
-            if fd > 2:
-                os.close(fd)
-    return None
-
-
-def _exit_code(reply: Dict[str, Any]) -> int:
-    rc = reply.get("exit")
-    return rc if isinstance(rc, int) and not isinstance(rc, bool) and 0 <= rc <= 255 else exits.EXIT_SETUP
-
-
-def _stdio_fds() -> List[int]:
-    """fds 0, 1 and 2 as the caller has them; /dev/null for any that is closed."""
-    out = []
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-            out.append(fd)
-        except OSError:
-            out.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
-    return out
-
-
-def _wait(launcher: runner.Launcher, sock: socket.socket, name: str) -> int:
-    """Wait for the warm cell's exit code; forward a stop signal once."""
-    forwarded = False
-    try:
-        while True:
-            try:
-                ready = launcher.sleep(3600, [sock.fileno()])
-            except errors.Interrupted as exc:
-                launcher.stop_signal = launcher.stop_reason = None
-                if exc.reason:
-                    logmod.log("slot %s: %s; stopping the cell (exit %d, as on SIGHUP)" % (name, exc.reason, 128 + exc.signum))
-                if forwarded:
-                    continue
-                forwarded = True
-                if not _send(sock, {"signal": exc.signum}):
-                    return 128 + exc.signum
-                continue
-            if sock.fileno() in ready:
-                reply, dummy = _recv(sock)
-                if reply is None:
-                    logmod.log("slot %s: the warm cell's launcher went away; the payload's exit code is unknown" % name)
-                    return exits.EXIT_SETUP
-                if reply.get("error"):
-                    logmod.log("slot %s: %s" % (name, reply["error"]))
-                if "payload_exit" in reply:
-                    pe = reply["payload_exit"]
-                    launcher.payload_exit = pe if isinstance(pe, int) and not isinstance(pe, bool) else None
-                    launcher.warm_reported = True
-                return _exit_code(reply)
-    finally:
-        sock.close()

@@ -1,6 +1,6 @@
 """The agent's way in (chv_guest/cell/agent.py): the argument filter of the
 root-only chv-cell-agent, the caller check, the non-root chv-cell's
-delegation to sudo, and the launcher's disconnect detection (runner)."""
+delegation to sudo, and the launcher's disconnect detection (launcher.py, signals.py)."""
 
 import json
 import os
@@ -18,7 +18,7 @@ from chv_guest.cell import agent
 from chv_guest.cell import cli
 from chv_guest.cell import errors
 from chv_guest.cell import policy as policymod
-from chv_guest.cell import runner
+from chv_guest.cell import fsutil, runner, signals
 from testpaths import SRC
 
 SUDO_ENV = {"SUDO_UID": "1000", "SUDO_USER": "chv"}
@@ -386,10 +386,10 @@ def test_agent_entry_point_refuses_root_without_sudo():
 
 # ---------------------------------------------------------------- disconnects
 def test_hangup_reason():
-    assert runner.hangup_reason(1, select.POLLOUT) is None
-    assert runner.hangup_reason(1, select.POLLNVAL) is None
-    assert "stdout has no reader" in runner.hangup_reason(1, select.POLLERR | select.POLLOUT)
-    assert "stderr closed" in runner.hangup_reason(2, select.POLLHUP)
+    assert signals.hangup_reason(1, select.POLLOUT) is None
+    assert signals.hangup_reason(1, select.POLLNVAL) is None
+    assert "stdout has no reader" in signals.hangup_reason(1, select.POLLERR | select.POLLOUT)
+    assert "stderr closed" in signals.hangup_reason(2, select.POLLHUP)
 
 
 def _launcher(policy, fd):
@@ -455,7 +455,7 @@ def test_sleep_still_returns_ready_fds(policy):
 def test_hangup_watch_fds_skips_closed_fds():
     r, w = os.pipe()
     os.close(w)
-    assert runner.hangup_watch_fds((r, w)) == [r]
+    assert signals.hangup_watch_fds((r, w)) == [r]
     os.close(r)
 
 
@@ -463,16 +463,16 @@ def test_hangup_watch_fds_skips_closed_fds():
 def test_alias_mount_point_created_beneath_without_following_symlinks(tmp_path):
     base = tmp_path / "state"
     base.mkdir()
-    runner._ensure_dir_beneath(str(base), ["a", "b"], 0o755, os.getuid())
+    fsutil.ensure_dir_beneath(str(base), ["a", "b"], 0o755, os.getuid())
     assert (base / "a" / "b").is_dir() and (base / "a").stat().st_mode & 0o777 == 0o755
-    runner._ensure_dir_beneath(str(base), ["a", "b"], 0o755, os.getuid())  # existing: fine
+    fsutil.ensure_dir_beneath(str(base), ["a", "b"], 0o755, os.getuid())  # existing: fine
     # a symlink planted where the mount point goes is refused, and nothing is created at its target
     outside = tmp_path / "outside"
     outside.mkdir()
     (base / "ws").symlink_to(outside)
     with pytest.raises(errors.SetupError, match="is a symlink or not a directory"):
-        runner._ensure_dir_beneath(str(base), ["ws", "x"], 0o755, os.getuid())
+        fsutil.ensure_dir_beneath(str(base), ["ws", "x"], 0o755, os.getuid())
     assert list(outside.iterdir()) == []
     (base / "f").write_text("")
     with pytest.raises(errors.SetupError, match="f .mount point of a workspace alias. is a symlink"):
-        runner._ensure_dir_beneath(str(base), ["f"], 0o755, os.getuid())
+        fsutil.ensure_dir_beneath(str(base), ["f"], 0o755, os.getuid())

@@ -14,7 +14,7 @@ from chv_guest.cell import doors
 from chv_guest.cell import errors
 from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
-from chv_guest.cell import runner
+from chv_guest.cell import host, runner
 
 
 class FakeBrowser:
@@ -117,7 +117,7 @@ def test_the_end_of_a_run_tells_the_browser_and_a_failure_is_loud(policy, monkey
 
 
 def test_run_claimed_ends_the_browser_state_before_it_returns_even_when_setup_fails(policy, monkeypatch, sock_path):
-    """_run_claimed (cold runs, and warm cells: WarmCell.serve calls it too) tells the browser in its
+    """run_claimed (cold runs, and warm cells: WarmCell.serve calls it too) tells the browser in its
     finally block, whatever happened, while the caller still holds the slot's lock."""
     order = []
     launcher = runner.Launcher(dict(policy, browser_socket=sock_path))
@@ -131,11 +131,12 @@ def test_run_claimed_ends_the_browser_state_before_it_returns_even_when_setup_fa
     monkeypatch.setattr(launcher, "_wait_ifname_gone", lambda s: None)
     monkeypatch.setattr(launcher, "_remove_runtime_files", lambda s: order.append("cleanup"))
     monkeypatch.setattr(launcher, "end_doors", lambda s: order.append(("end", s["name"])))
-    assert launcher._run_claimed(slot, "standalone", ["true"], False, 0.0) == exits.EXIT_SETUP
+    launcher.scope = "standalone"
+    assert launcher.run_claimed(slot, ["true"], False, 0) == exits.EXIT_SETUP
     assert order == ["reap", "cleanup", ("end", slot["name"])]
     from chv_guest.cell import warm
 
-    assert warm.WarmCell._run_claimed is runner.Launcher._run_claimed and "end_doors" not in vars(warm.WarmCell)
+    assert warm.WarmCell.run_claimed is runner.Launcher.run_claimed and "end_doors" not in vars(warm.WarmCell)
     assert os.path.basename(doors.__file__) == "doors.py"
 
 
@@ -158,14 +159,15 @@ def test_run_claimed_stops_nspawn_and_ends_the_browser_state_when_pidfd_open_fai
 
     monkeypatch.setattr(launcher, "reap", lambda s, scope: None)
     monkeypatch.setattr(launcher, "prepare", lambda s, shared_network: gate_w)
-    monkeypatch.setattr(runner, "ensure_inaccessible_nodes", lambda: None)
+    monkeypatch.setattr(host, "ensure_inaccessible_nodes", lambda: None)
     monkeypatch.setattr(launcher, "spawn", spawn)
     monkeypatch.setattr(os, "pidfd_open", pidfd_open)
     monkeypatch.setattr(launcher, "_wait_ifname_gone", lambda s: None)
     monkeypatch.setattr(launcher, "_remove_runtime_files", lambda s: order.append("cleanup"))
     monkeypatch.setattr(launcher, "end_doors", lambda s: order.append(("end", s["name"])))
     try:
-        assert launcher._run_claimed(slot, "systemd", ["true"], False, 0.0) == exits.EXIT_SETUP
+        launcher.scope = "systemd"
+        assert launcher.run_claimed(slot, ["true"], False, 0) == exits.EXIT_SETUP
         assert procs[0].poll() == -15  # SIGTERM'd and reaped, not left running
         assert order == ["cleanup", ("end", slot["name"])]
     finally:

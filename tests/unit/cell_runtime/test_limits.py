@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from chv_guest.cell import errors
 from chv_guest.cell import limits
-from chv_guest.cell import runner
+from chv_guest.cell import cgroups, checks
 from chv_guest.cell.policy import merged
 
 G = 1 << 30
@@ -145,14 +145,15 @@ def fake_tree(tmp_path, controllers, files):
 
 
 def launcher(policy, **kw):
+    """The policy of a launcher with ``kw`` (checks.py's functions take the policy)."""
     policy.update(kw)
-    return runner.Launcher(policy)
+    return policy
 
 
 def test_standalone_limits_written_when_controllers_are_there(tmp_path, policy):
     cell = fake_tree(tmp_path, ["cpu", "memory", "pids"], ["memory.max", "pids.max", "cpu.max"])
     la = launcher(policy, properties={"MemoryMax": "2G", "TasksMax": 512, "CPUQuota": "150%"})
-    la.apply_standalone_limits(policy["slots"][0], cell)
+    checks.apply_standalone_limits(la, policy["slots"][0], cell)
     assert open(cell + "/memory.max").read() == "%d\n" % (2 * G)
     assert open(cell + "/pids.max").read() == "512\n"
     assert open(cell + "/cpu.max").read() == "150000 100000\n"
@@ -162,7 +163,7 @@ def test_standalone_limits_refused_naming_property_and_controller(tmp_path, poli
     cell = fake_tree(tmp_path, ["cpu"], ["cpu.max"])
     la = launcher(policy, properties={"MemoryMax": "2G", "CPUQuota": "150%"})
     with pytest.raises(errors.SetupError) as e:
-        la.apply_standalone_limits(policy["slots"][0], cell)
+        checks.apply_standalone_limits(la, policy["slots"][0], cell)
     msg = str(e.value)
     assert "MemoryMax (memory.max): controller memory is not available" in msg
     assert "require_limits" in msg and "CPUQuota" not in msg
@@ -172,7 +173,7 @@ def test_standalone_limits_refused_naming_property_and_controller(tmp_path, poli
 def test_standalone_limits_warn_and_apply_the_rest_without_require_limits(tmp_path, policy, capsys):
     cell = fake_tree(tmp_path, ["cpu"], ["cpu.max"])
     la = launcher(policy, properties={"MemoryMax": "2G", "CPUQuota": "150%", "IOWeight": 50}, require_limits=False)
-    la.apply_standalone_limits(policy["slots"][0], cell)
+    checks.apply_standalone_limits(la, policy["slots"][0], cell)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "WARNING: resource limits NOT enforced" in err
     assert "MemoryMax (memory.max): controller memory" in err and "IOWeight" in err
@@ -183,18 +184,18 @@ def test_standalone_unmappable_property_refused(tmp_path, policy):
     cell = fake_tree(tmp_path, ["cpu", "memory", "pids", "io"], ["memory.max", "pids.max", "cpu.max"])
     la = launcher(policy, properties={"IOWeight": 50})
     with pytest.raises(errors.SetupError, match="IOWeight is not a property the launcher can map"):
-        la.apply_standalone_limits(policy["slots"][0], cell)
+        checks.apply_standalone_limits(la, policy["slots"][0], cell)
 
 
 def test_no_properties_no_check(tmp_path, policy):
     la = launcher(policy, properties={})
-    la.apply_standalone_limits(policy["slots"][0], None)  # nothing asked, nothing needed
+    checks.apply_standalone_limits(la, policy["slots"][0], None)  # nothing asked, nothing needed
 
 
 def test_no_cgroup2_refused(policy):
     la = launcher(policy, properties={"TasksMax": 10})
     with pytest.raises(errors.SetupError, match="TasksMax .*no cgroup2 hierarchy"):
-        la.apply_standalone_limits(policy["slots"][0], None)
+        checks.apply_standalone_limits(la, policy["slots"][0], None)
 
 
 def test_scope_limit_problems(tmp_path):
@@ -203,14 +204,14 @@ def test_scope_limit_problems(tmp_path):
     d.mkdir()
     (d / "pids.max").write_text("100\n")
     (d / "cpu.max").write_text("max 100000\n")
-    probs = runner.scope_limit_problems(lims, str(d), page=4096)
+    probs = cgroups.scope_limit_problems(lims, str(d), page=4096)
     assert len(probs) == 2
     assert any(p.startswith("MemoryMax (memory.max): memory.max is absent") and "controller memory not delegated" in p
                for p in probs)
     assert any(p.startswith("CPUQuota (cpu.max): reads 'max 100000'") for p in probs)
     (d / "memory.max").write_text("%d\n" % G)
     (d / "cpu.max").write_text("200000 100000\n")
-    assert runner.scope_limit_problems(lims, str(d), page=4096) == []
+    assert cgroups.scope_limit_problems(lims, str(d), page=4096) == []
 
 
 def test_policy_defaults_keep_limits_required():

@@ -1,8 +1,8 @@
 """chv-cell read (chv_guest/cell/slotfiles.py): a slot's file opened beneath the
 slot's directory without following anything the cell planted, both with
 openat2(2) and with the component walk that replaces it where the kernel
-has none; the launcher's verdict record (runner.status_record and the
-status fd); the slot directories' ownership (runner._ensure_slot_dir).
+has none; the launcher's verdict record (status.status_record and the
+status fd); the slot directories' ownership (fsutil.ensure_slot_dir).
 
 Every refusal runs beside its control (a regular file of the same slot
 read in the same test).  Tests that make device nodes or files of other
@@ -21,7 +21,7 @@ from chv_guest.cell import claim as claimmod
 from chv_guest.cell import errors
 from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
-from chv_guest.cell import runner
+from chv_guest.cell import fsutil, runner, status
 from chv_guest.cell import slotfiles
 
 ROOT = os.geteuid() == 0
@@ -283,14 +283,14 @@ def test_policy_read_max_bytes_is_checked(raw_policy):
 def test_slot_directories_are_the_slots_own_and_corrected(tmp_path):
     uid = 3456789
     d = str(tmp_path / "ws" / "slot0")
-    runner._ensure_slot_dir(d, uid)
+    fsutil.ensure_slot_dir(d, uid)
     st = os.stat(d)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, uid, 0o700)
     # a directory of an older release: the agent group, setgid 2750; or a cell's chmod 0777
     for gid, mode in ((1000, 0o2750), (uid, 0o777)):
         os.chown(d, uid, gid)
         os.chmod(d, mode)
-        runner._ensure_slot_dir(d, uid)
+        fsutil.ensure_slot_dir(d, uid)
         st = os.stat(d)
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, uid, 0o700), (gid, mode)
     # a symlink where the slot directory goes is refused, its target untouched
@@ -298,7 +298,7 @@ def test_slot_directories_are_the_slots_own_and_corrected(tmp_path):
     target.mkdir(mode=0o755)
     os.symlink(str(target), str(tmp_path / "ws" / "slot1"))
     with pytest.raises(errors.SetupError):
-        runner._ensure_slot_dir(str(tmp_path / "ws" / "slot1"), uid)
+        fsutil.ensure_slot_dir(str(tmp_path / "ws" / "slot1"), uid)
     assert os.stat(target).st_uid == 0 and stat.S_IMODE(os.stat(target).st_mode) == 0o755
 
 
@@ -320,10 +320,10 @@ def test_slot_directories_are_the_slots_own_and_corrected(tmp_path):
     ((3, "warm", None, False, None), "unknown"),
 ])
 def test_status_record(args, verdict):
-    rec = runner.status_record(*args)
+    rec = status.status_record(*args)
     assert rec == {"verdict": verdict, "exit": args[0], "slot": args[2], "payload_started": args[3],
                    "payload_exit": args[4]}
-    assert rec["verdict"] in runner.VERDICTS
+    assert rec["verdict"] in status.VERDICTS
 
 
 def test_status_fd_must_be_a_writable_fd_above_2(tmp_path):
@@ -332,10 +332,10 @@ def test_status_fd_must_be_a_writable_fd_above_2(tmp_path):
     closed = os.dup(w)
     os.close(closed)
     try:
-        assert runner.status_fd_problem(w) is None
+        assert status.status_fd_problem(w) is None
         for fd, says in ((1, "3 or more"), (2, "3 or more"), (r, "not open for writing"), (ro, "not open for writing"),
                          (closed, "not open (through sudo")):
-            assert says in runner.status_fd_problem(fd), fd
+            assert says in status.status_fd_problem(fd), fd
     finally:
         for fd in (r, w, ro):
             os.close(fd)
@@ -343,7 +343,7 @@ def test_status_fd_must_be_a_writable_fd_above_2(tmp_path):
 
 def test_write_status_writes_one_line_and_closes(tmp_path):
     r, w = os.pipe()
-    runner.write_status(w, runner.status_record(75, "busy"))
+    status.write_status(w, status.status_record(75, "busy"))
     assert json.loads(os.read(r, 4096).decode()) == {"verdict": "busy", "exit": 75, "slot": None,
                                                       "payload_started": False, "payload_exit": None}
     with pytest.raises(OSError):
@@ -351,7 +351,7 @@ def test_write_status_writes_one_line_and_closes(tmp_path):
     os.close(r)
     r, w = os.pipe()
     os.close(r)
-    runner.write_status(w, runner.status_record(0, "config"))  # no reader: logged, not raised
+    status.write_status(w, status.status_record(0, "config"))  # no reader: logged, not raised
 
 
 @pytest.mark.skipif(not ROOT, reason="a run (even a refused one) takes the state dir and slot locks as root")

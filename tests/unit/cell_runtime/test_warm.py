@@ -5,13 +5,15 @@ the slot states, and one hand-over over a real socketpair with real fds
 import array
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from chv_guest.cell import cli, policy as policymod, runner, warm, warm_receive
+from chv_guest.cell import actions, argv as argvmod, claim as claimmod, handover, policy as policymod, records, warm
+from chv_guest.cell import warm_receive
 
 
 def test_the_policy_names_only_its_own_slots_as_warm(raw_policy):
@@ -49,8 +51,8 @@ def test_the_receiver_takes_the_start_environment_and_exactly_three_fds():
 
 def test_the_digest_follows_the_policy_content(policy):
     other = dict(policy, stop_grace=policy["stop_grace"] + 1)
-    assert warm.policy_digest(policy) == warm.policy_digest(dict(policy))
-    assert warm.policy_digest(policy) != warm.policy_digest(other)
+    assert handover.policy_digest(policy) == handover.policy_digest(dict(policy))
+    assert handover.policy_digest(policy) != handover.policy_digest(other)
 
 
 def test_a_replaced_file_changes_the_stamp(tmp_path):
@@ -66,7 +68,7 @@ def test_a_replaced_file_changes_the_stamp(tmp_path):
 
 
 def _record(policy, slot, rec):
-    path = runner.argvmod.cell_paths(policy, slot)["record"]
+    path = argvmod.cell_paths(policy, slot)["record"]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
         json.dump(rec, fh)
@@ -81,27 +83,27 @@ def test_a_waiting_warm_cell_is_idle_and_a_payload_in_it_runs(warm_policy, capsy
     pol = warm_policy
     cold, hot = pol["slots"][0], pol["slots"][1]
     me = os.getpid()
-    assert not runner.payload_running(pol, hot) and runner.read_record(pol, hot) is None
+    assert not records.payload_running(pol, hot) and records.read_record(pol, hot) is None
     _record(pol, hot, {"pid": me, "warm": True})  # starting: no socket yet
-    assert not runner.payload_running(pol, hot) and not runner.warm_waiting(pol, hot)
-    sock = runner.argvmod.cell_paths(pol, hot)["warm_socket"]
+    assert not records.payload_running(pol, hot) and not records.warm_waiting(pol, hot)
+    sock = argvmod.cell_paths(pol, hot)["warm_socket"]
     os.makedirs(os.path.dirname(sock))
     open(sock, "w").close()
-    assert runner.warm_waiting(pol, hot) and not runner.payload_running(pol, hot)
+    assert records.warm_waiting(pol, hot) and not records.payload_running(pol, hot)
     _record(pol, cold, {"pid": me})
-    assert runner.payload_running(pol, cold)
-    cli.print_status(pol)
+    assert records.payload_running(pol, cold)
+    actions.print_status(pol)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("running pid=%d" % me)
     assert lines[1].endswith("idle (warm cell ready, pid %d)" % me)
     _record(pol, hot, {"pid": me, "warm": True, "payload": 1.0})  # handed over
-    assert runner.payload_running(pol, hot) and not runner.warm_waiting(pol, hot)
-    cli.print_status(pol)
+    assert records.payload_running(pol, hot) and not records.warm_waiting(pol, hot)
+    actions.print_status(pol)
     assert capsys.readouterr().out.splitlines()[1].endswith("running pid=%d" % me)
 
 
 class _Caller(object):
-    """The parts of a Launcher that warm.handover uses."""
+    """The parts of a Launcher that handover.handover uses."""
 
     def __init__(self, policy):
         self.policy = policy
@@ -116,11 +118,51 @@ class _Caller(object):
         return fds
 
 
+def test_a_warm_launcher_waits_out_a_cold_run_and_runs_its_cell_holding_the_slot(warm_policy, monkeypatch,
+                                                                                tmp_path):
+    """serve() claims through the base launcher's claim_and_run: it waits
+    while a cold run holds the slot's lock, runs the cell with the lock
+    held, releases it after and restores the signal handlers."""
+    pol = dict(warm_policy, require_ruleset=False)
+    slot = pol["slots"][1]
+    lock = argvmod.cell_paths(pol, slot)["lock"]
+    cold = claimmod.try_claim(lock)
+    cell = warm.WarmCell(pol, str(tmp_path / "policy.json"), slot)
+    seen = []
+
+    def sleep(seconds, fds=()):
+        seen.append(("sleep", seconds))
+        cold.release()  # the cold run ends
+        return []
+
+    def run_claimed(s, command, shared_network, runtime_max):
+        seen.append(("run", s is slot, command, os.path.exists(lock), cell.scope in ("systemd", "standalone")))
+        cell.handed_over = True
+        return 0
+
+    monkeypatch.setattr(cell, "sleep", sleep)
+    monkeypatch.setattr(cell, "run_claimed", run_claimed)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cell.serve() == 0
+    finally:
+        cell._ours.close()
+        os.close(cell.spawn_stdin)
+    assert seen == [("sleep", 0.5), ("run", True, ["warm"], True, True)]
+    assert not os.path.exists(lock) and signal.getsignal(signal.SIGTERM) is handler
+    other = warm.WarmCell(pol, str(tmp_path / "policy.json"), pol["slots"][0])  # not a warm slot
+    try:
+        assert other.serve() == warm.EXIT_NOT_WARM
+    finally:
+        other._ours.close()
+        os.close(other.spawn_stdin)
+
+
 def test_no_ready_warm_cell_means_a_cold_start(warm_policy):
     caller = _Caller(warm_policy)
-    req = warm.request(caller, ["true"], 0)
-    assert req is not None and warm.handover(caller, [warm_policy["slots"][1]["name"]], req, 0.0) is None
-    assert warm.request(caller, ["x" * warm_receive.REQUEST_MAX], 0) is None
+    req = handover.request(caller, ["true"], 0)
+    assert req is not None and handover.handover(caller, [warm_policy["slots"][1]], req, 0.0) is None
+    assert handover.request(caller, ["x" * warm_receive.REQUEST_MAX], 0) is None
     assert "too long for a warm cell" in caller.said[-1]
 
 
@@ -129,21 +171,21 @@ def test_a_hand_over_passes_argv_and_the_callers_stdio_and_returns_the_exit_code
     with three fds that are the caller's own stdio, answers started and the
     exit code; a second stand-in answers retry for another policy."""
     pol = warm_policy
-    name = pol["slots"][1]["name"]
-    path = warm.socket_path(pol, name)
+    slot = pol["slots"][1]
+    path = handover.socket_path(pol, slot)
     os.makedirs(os.path.dirname(path))
     server = subprocess.Popen([sys.executable, "-c", """
 import array, json, os, socket, sys
 sys.path.insert(0, sys.argv[2])
-from chv_guest.cell import warm
+from chv_guest.cell import handover
 lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 lst.bind(sys.argv[1]); lst.listen(1)
 print("ready", flush=True)
 conn, dummy = lst.accept()
-req, fds = warm._recv(conn)
+req, fds = handover.recv(conn)
 os.write(fds[1], b"through the caller's stdout\\n")
-conn.send(warm.encode({"started": True}))
-conn.send(warm.encode({"exit": 7}))
+conn.send(handover.encode({"started": True}))
+conn.send(handover.encode({"exit": 7}))
 print(json.dumps([req["argv"], req["policy"], len(fds)]), flush=True)
 """, path, os.path.dirname(os.path.dirname(os.path.dirname(warm.__file__)))], stdout=subprocess.PIPE, text=True)
     assert server.stdout.readline() == "ready\n"
@@ -153,14 +195,14 @@ print(json.dumps([req["argv"], req["policy"], len(fds)]), flush=True)
     os.dup2(fd, 1)
     try:
         caller = _Caller(pol)
-        rc = warm.handover(caller, [name], warm.request(caller, ["echo", "hi"], 0), 0.0)
+        rc = handover.handover(caller, [slot], handover.request(caller, ["echo", "hi"], 0), 0.0)
     finally:
         os.dup2(saved, 1)
         os.close(saved)
         os.close(fd)
     argv, digest, nfds = json.loads(server.stdout.readline())
     server.wait(10)
-    assert rc == 7 and argv == ["echo", "hi"] and digest == warm.policy_digest(pol) and nfds == 3
+    assert rc == 7 and argv == ["echo", "hi"] and digest == handover.policy_digest(pol) and nfds == 3
     assert out.read_text() == "through the caller's stdout\n"
 
 

@@ -1,0 +1,111 @@
+"""What root does for ``run``, ``status`` and ``read``, whether asked
+through ``chv-cell`` (cli.py) or through sudo and ``chv-cell-agent``
+(agent.py): both call these, neither imports the other for them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Optional, Sequence, cast
+
+from . import exits
+from . import launcher as launchermod
+from . import log as logmod
+from . import policy as policymod
+from . import records
+from . import runner
+from .status import status_fd_problem, status_record, write_status
+
+if TYPE_CHECKING:
+    from .agent import AgentRequest
+
+
+def load_policy(path: str) -> Optional[policymod.Policy]:
+    """The policy at ``path``, or None after logging each of its errors."""
+    try:
+        return policymod.load(path)
+    except policymod.PolicyError as exc:
+        for e in exc.errors:
+            logmod.log(e)
+        return None
+
+
+def refuse_with_status(status_fd: Optional[int]) -> int:
+    """A run refused before its launcher exists (policy unusable, a request
+    the policy forbids): the config verdict on ``status_fd`` (when given and
+    usable); EXIT_CONFIG."""
+    if status_fd is not None and status_fd_problem(status_fd) is None:
+        write_status(status_fd, status_record(exits.EXIT_CONFIG, "config"))
+    return exits.EXIT_CONFIG
+
+
+def print_status(pol: policymod.Policy) -> int:
+    """``chv-cell status``: one line per slot (identity and live record); 0."""
+    for s in pol["slots"]:
+        try:
+            rec = records.read_record(pol, s)
+            alive = rec is not None and os.path.exists("/proc/%d" % int(rec["pid"]))
+            if rec is None:
+                state = "idle"
+            elif records.warm_idle(rec) and alive:
+                # no payload runs: idle, never "running pid=N" (the drain's pattern)
+                state = "idle (warm cell %s, pid %s)" % ("ready" if records.warm_waiting(pol, s, rec) else "starting",
+                                                         rec["pid"])
+            else:
+                state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            state = "unknown (%s)" % exc
+        print(
+            "%-10s %-12s %-15s %-18s uid %d+%d  %s"
+            % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)
+        )
+    sys.stdout.flush()
+    return 0
+
+
+def launcher_for(pol: policymod.Policy, verbose: bool = False,
+                 caller: Optional[str] = None) -> launchermod.Launcher:
+    """The launcher of the policy's platform: nspawn cells (runner) or, for
+    a darwin policy, a slot user under sandbox-exec (darwin)."""
+    if pol["platform"] == "darwin":
+        from . import darwin  # noqa: PLC0415 (macOS only)
+
+        return darwin.Launcher(pol, verbose=verbose, caller=caller)
+    return runner.Launcher(pol, verbose=verbose, caller=caller)
+
+
+def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
+              shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool = False,
+              caller: Optional[str] = None) -> int:
+    """A run with the launcher of the policy's platform; its exit code.
+    ``status_fd`` (None: none) must be open for writing; the launcher writes
+    its verdict there.  macOS cells do not report one yet: refused there
+    (78)."""
+    if status_fd is not None:
+        problem = status_fd_problem(status_fd)
+        if problem:
+            logmod.log(problem)
+            return exits.EXIT_CONFIG
+        if pol["platform"] != "linux":
+            logmod.log("--status-fd is not supported for %s cells yet" % pol["platform"])
+            return refuse_with_status(status_fd)
+    launcher = launcher_for(pol, verbose=verbose, caller=caller)
+    launcher.status_fd = status_fd
+    return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
+                        runtime_max=runtime_max)
+
+
+def run_request(pol: policymod.Policy, req: AgentRequest, caller: Optional[str] = None) -> int:
+    """Run an agent.AgentRequest of action run; its exit code."""
+    return start_run(pol, req.command, req.slot, req.timeout, req.shared_network, req.runtime_max, req.status_fd,
+                     verbose=req.verbose, caller=caller)
+
+
+def read_request(pol: policymod.Policy, req: AgentRequest) -> int:
+    """``chv-cell read`` (an agent.AgentRequest of action read): the slot's
+    file on stdout (slotfiles.py); its exit code."""
+    from . import slotfiles  # noqa: PLC0415
+
+    sys.stdout.flush()
+    # a read request names both (agent._parse_read, main)
+    return slotfiles.read_file(pol, cast(str, req.slot), cast(str, req.path), out_fd=1, log=logmod.log)

@@ -30,11 +30,12 @@ export PY_COLORS := 0
 export ANSIBLE_NOCOLOR := 1
 
 # sudo: the executor's path (tests/integration/cells runs chv-cell as a plain user through it).
+# prometheus: promtool, for the metrics' unit tests (tests/unit/metrics: check metrics, check and test rules).
 # The packages cells need (the launcher's own, tests/integration/cells runs it
 # here) have one home, the cell_runtime role's list: read from there.
 CELL_PACKAGES := $(shell sed -n '/^__cell_runtime_packages:/,/^$$/s/^  - \([a-z0-9.+-]*\).*/\1/p' $(ROOT)/roles/cell_runtime/vars/Debian.yml)
 SYS_PACKAGES := $(CELL_PACKAGES) mmdebstrap nftables zstd openssh-client tar python3-venv sudo \
-                chromium fonts-dejavu-core libatomic1
+                chromium fonts-dejavu-core libatomic1 prometheus
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml
 # the suites under tests/integration (one make target each: integration-<suite>)

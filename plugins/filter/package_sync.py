@@ -38,6 +38,10 @@ GUEST_TREE = {
     'browser': {'packages': ('chv_guest', 'chv_guest/wire', 'chv_guest/browser'),
                 'scripts': (),
                 'retired': ('chv_browser',)},
+    # chv-fleet-metrics (the opt-in metrics role; docs/observability.md)
+    'metrics': {'packages': ('chv_guest', 'chv_guest/metrics'),
+                'scripts': (),
+                'retired': ()},
 }
 
 

@@ -143,8 +143,9 @@ def test_ansible_doc_lists_exactly_the_roles(installed):
     _, env = installed
     listed = json.loads(run([os.path.join(BIN, "ansible-doc"), "-t", "role", "-l", "chv.fleet", "-j"], env=env))
     roles = {n.split(".", 2)[2] for n in listed}
-    # the operator roles, and _common, the internal one they include (documented by its argument specs)
-    assert roles == {"cell_runtime", "cell_nat", "broker", "browser", "_common"}
+    # the operator roles (metrics: opt-in, docs/observability.md), and _common, the internal one they
+    # include (documented by its argument specs)
+    assert roles == {"cell_runtime", "cell_nat", "broker", "browser", "metrics", "_common"}
     assert os.path.isdir(os.path.join(ROOT, "lab", "roles", "lab"))  # the lab stays in the repository
 
 

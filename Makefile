@@ -30,12 +30,11 @@ export PY_COLORS := 0
 export ANSIBLE_NOCOLOR := 1
 
 # sudo: the executor's path (tests/integration/cells runs chv-cell as a plain user through it).
-# prometheus: promtool, for the metrics' unit tests (tests/unit/metrics: check metrics, check and test rules).
 # The packages cells need (the launcher's own, tests/integration/cells runs it
 # here) have one home, the cell_runtime role's list: read from there.
 CELL_PACKAGES := $(shell sed -n '/^__cell_runtime_packages:/,/^$$/s/^  - \([a-z0-9.+-]*\).*/\1/p' $(ROOT)/roles/cell_runtime/vars/Debian.yml)
 SYS_PACKAGES := $(CELL_PACKAGES) mmdebstrap nftables zstd openssh-client tar python3-venv sudo \
-                chromium fonts-dejavu-core libatomic1 prometheus
+                chromium fonts-dejavu-core libatomic1
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml
 # the suites under tests/integration (one make target each: integration-<suite>)
@@ -139,8 +138,19 @@ $(BROWSER_VENV)/.stamp: requirements/browser.lock
 browser-venv: $(BROWSER_VENV)/.stamp
 
 # tests/unit: pure tests, no root, no processes of other uids, no namespaces.
-units: venv
-	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/unit -q -rfEs -p no:cacheprovider
+# promtool, for the metrics' unit tests (tests/unit/metrics: check metrics, check and
+# test rules). Debian 12 ships it only inside the prometheus package, whose install
+# also enables a Prometheus server: the package is unpacked under build/ instead.
+PROMTOOL := $(BUILD)/promtool/usr/bin/promtool
+$(PROMTOOL):
+	rm -rf $(BUILD)/promtool && mkdir -p $(BUILD)/promtool/deb
+	cd $(BUILD)/promtool/deb && { apt-get download -q prometheus 2>/dev/null || \
+	  { apt-get update -q && apt-get download -q prometheus; }; }
+	dpkg-deb -x $(BUILD)/promtool/deb/prometheus_*.deb $(BUILD)/promtool && rm -rf $(BUILD)/promtool/deb
+	test -x $@
+
+units: venv $(PROMTOOL)
+	cd $(ROOT) && CHV_PROMTOOL=$(PROMTOOL) $(VENV)/bin/python -m pytest tests/unit -q -rfEs -p no:cacheprovider
 
 # tests/integration/<suite>: real kernel objects on this machine, as root.
 #   cells:   the chv-cell launcher running real systemd-nspawn cells

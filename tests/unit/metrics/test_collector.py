@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from promtool_path import promtool
 
 from chv_guest.metrics import collector, exposition, state
 
@@ -47,12 +48,6 @@ def values(st):
     """{(name, labels...): value} of the state's samples."""
     return {(s.name,) + tuple(v for _, v in s.labels): s.value for s in state.samples(st)}
 
-
-def promtool():
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (Debian package prometheus, make sysdeps)")
-    return path
 
 
 # ------------------------------------------------------------- the whole text

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 
 import pytest
+from promtool_path import promtool
 import yaml
 
 from chv_guest.metrics import exposition, state
@@ -35,12 +36,6 @@ TARGET_LABELS = {"instance", "job"}
 # names in the prose of annotations that are no metric: the table's
 NOT_METRICS = {"chv_cell"}
 
-
-def promtool():
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (Debian package prometheus, make sysdeps)")
-    return path
 
 
 def run_promtool(*args, cwd=None):

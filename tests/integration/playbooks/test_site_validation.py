@@ -80,7 +80,7 @@ def test_control_the_same_fleet_without_the_bad_value_is_validated_once_then_rol
     assert sorted(re.findall(r"^ok: \[([\w-]+)\]", preflight, re.M)) == list(HOSTS), validation[-3000:]
     assert batches(out) == [["h1"], ["h2"], ["h3"]], out[-3000:]
     # a banner at the start of each batch: its number, the number of batches and its hosts
-    banners = re.findall(r'"msg": "(batch \d+ of \d+ .*)"', out)
+    banners = re.findall(r"^included: \S+/batch\.yml for [\w-]+ => \(item=(batch \d+ of \d+ .*)\)$", out, re.M)
     assert banners == ["batch 1 of 3 (1 of 3 hosts): h1", "batch 2 of 3 (1 of 3 hosts): h2",
                        "batch 3 of 3 (1 of 3 hosts): h3"], banners
     # the roles' validate entry points ran in the validation play only, not again in each batch

@@ -4,8 +4,10 @@ verifier both read site.yml runs)."""
 
 import re
 
-# site.yml's first pre-task: every batch runs it, on each host of the batch
+# site.yml's first pre-task: every batch of its deploy play runs it, on each
+# host of the batch (the validation play before it runs it once, on every host)
 FIRST_TASK = "TASK [Refuse rollout settings from the inventory that Ansible ignores]"
+DEPLOY_PLAY = "PLAY [Deploy chv.fleet cells]"
 
 
 def recap(out):
@@ -15,6 +17,7 @@ def recap(out):
 
 
 def batches(out):
-    """site.yml's batches, in order: the hosts of each run of its first pre-task."""
+    """site.yml's batches, in order: the hosts of each run of its deploy play's first pre-task."""
+    deploy = out.split(DEPLOY_PLAY, 1)[1] if DEPLOY_PLAY in out else ""
     return [sorted(set(re.findall(r"^(?:ok|fatal|skipping|changed): \[([\w-]+)\]", chunk.split("TASK [")[0], re.M)))
-            for chunk in out.split(FIRST_TASK)[1:]]
+            for chunk in deploy.split(FIRST_TASK)[1:]]

@@ -27,7 +27,7 @@ DOCS = sorted([os.path.join(ROOT, "README.md")]
               + [os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")])
 TOP = ("roles", "plugins", "tests", "molecule", "docs", "lab", "bench", "hack", "playbooks", "src",
        "changelogs", "meta", "requirements", ".config", ".ci")
-TOP_FILES = ("site.yml", "remove.yml", "Makefile", "galaxy.yml", "README.md", "DEVELOPERS.md", "bindep.txt",
+TOP_FILES = ("site.yml", "remove.yml", "Makefile", "galaxy.yml", "ansible.cfg", "README.md", "DEVELOPERS.md", "bindep.txt",
              "requirements.txt", ".ansible-lint", ".ansible-lint-ignore")
 CODE_DIRS = ("roles", "plugins", "playbooks", "lab", "molecule", "src", "site.yml", "remove.yml", "meta", "Makefile",
              "tests", "hack", "bench", ".config")

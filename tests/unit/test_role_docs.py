@@ -15,7 +15,7 @@ import yaml
 
 from testpaths import ROOT
 
-ROLES = ("cell_runtime", "cell_nat", "broker", "browser")
+ROLES = ("cell_runtime", "cell_nat", "broker", "browser", "metrics")
 
 
 def main_options(role):

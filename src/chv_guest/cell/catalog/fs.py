@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 from .. import argv as argvmod
 from .. import policy as policymod
-from .case import Case, Result, pair, skip
+from .case import Case, Judge, Result, pair, skip
 from .facts import SHOTS_DIR, Facts, denied, workspace_written
 from .loosen import Context, Loosening, bind, readable_by_others, unless, without_inaccessible
 
@@ -35,26 +35,18 @@ def _fs01(case: Case, facts: Facts) -> Result:
                 "os-release: %s, guest reads it: %s" % (rd.get("os_release"), g.get("etc_chv_readable")))
 
 
-def _fs02(case: Case, facts: Facts) -> Result:
-    rd = facts["a"]["read"]
-    return pair(denied(rd["credentials"]), "read: %s" % rd["credentials"], rd["ordinary"] == "ok",
-                "the other file: %s" % rd["ordinary"])
-
-
-def _fs03(case: Case, facts: Facts) -> Result:
-    rd = facts["a"]["read"]
-    if "other_workspace" not in rd:
-        return skip("a second slot")
-    return pair(denied(rd["other_workspace"]), "read: %s" % rd["other_workspace"], rd["own_workspace"] == "ok",
-                "own /workspace file: %s" % rd["own_workspace"])
-
-
-def _fs04(case: Case, facts: Facts) -> Result:
-    rd = facts["a"]["read"]
-    if "other_shots" not in rd:
-        return skip(facts.get("shots_skip", "chv-browser's screenshots directory"))
-    return pair(denied(rd["other_shots"]), "read: %s" % rd["other_shots"], rd["own_shots"] == "ok",
-                "own /run/chv/shots file: %s" % rd["own_shots"])
+def _read(probe_key: str, control_key: str, control_words: str, verb: str = "read",
+          lacking: Optional[Callable[[Facts], str]] = None) -> Judge:
+    """The judge of a read (or listing) of ``probe_key`` that the cell must
+    be refused beside one of ``control_key`` that it must get; skipped with
+    ``lacking(facts)`` when the guest side did not ask for the first."""
+    def judge(case: Case, facts: Facts) -> Result:
+        rd = facts["a"]["read"]
+        if lacking is not None and probe_key not in rd:
+            return skip(lacking(facts))
+        return pair(denied(rd[probe_key]), "%s: %s" % (verb, rd[probe_key]), rd[control_key] == "ok",
+                    "%s: %s" % (control_words, rd[control_key]))
+    return judge
 
 
 def _fs05(case: Case, facts: Facts) -> Result:
@@ -64,12 +56,6 @@ def _fs05(case: Case, facts: Facts) -> Result:
         return skip("a path of chv_cell_inaccessible that exists on the guest")
     return pair(all(denied(v) for v in hidden.values()), ", ".join("%s: %s" % kv for kv in sorted(hidden.items())),
                 rd.get("env") == "ok", "/usr/bin/env: %s (the guest has each path)" % rd.get("env"))
-
-
-def _fs06(case: Case, facts: Facts) -> Result:
-    rd = facts["a"]["read"]
-    return pair(denied(rd["state_dir"]), "list: %s" % rd["state_dir"], rd["run_chv"] == "ok",
-                "list /run/chv: %s" % rd["run_chv"])
 
 
 def _fs07(case: Case, facts: Facts) -> Result:
@@ -120,13 +106,14 @@ CASES = [
                                 "cell out as well", lambda ctx: readable_by_others("/etc/chv")))),
     Case("FS-02", "The agent's credentials file is hidden",
          "read $HOME/.git-credentials (0644 in the slot's home)",
-         "read another 0644 file of the same directory", _fs02,
+         "read another 0644 file of the same directory", _read("credentials", "ordinary", "the other file"),
          Loosening("take the .git-credentials paths out of the policy's inaccessible list",
                    edit=without_inaccessible(_credentials),
                    needs=unless("the policy's inaccessible list has no .git-credentials path", _credentials))),
     Case("FS-03", "Another slot's workspace is out of reach",
          "read a file of slot B's workspace by its guest path",
-         "read the audit's file in the cell's own /workspace", _fs03,
+         "read the audit's file in the cell's own /workspace",
+         _read("other_workspace", "own_workspace", "own /workspace file", lacking=lambda facts: "a second slot"),
          Loosening("bind workspace_root read-only into the cell",
                    edit=bind(lambda ctx: ctx["pol"]["workspace_root"]),
                    needs=unless("no second slot, or its workspace is not readable by other users (its permissions "
@@ -134,7 +121,9 @@ CASES = [
                                 lambda ctx: ctx["slot_b"] and readable_by_others(_ws_b(ctx))))),
     Case("FS-04", "Another slot's screenshots are out of reach",
          "read a file of slot B's screenshot directory",
-         "read the audit's file in the cell's own /run/chv/shots", _fs04,
+         "read the audit's file in the cell's own /run/chv/shots",
+         _read("other_shots", "own_shots", "own /run/chv/shots file",
+               lacking=lambda facts: facts.get("shots_skip", "chv-browser's screenshots directory")),
          Loosening("bind %s read-only into the cell and take it out of inaccessible" % SHOTS_DIR,
                    edit=bind(lambda ctx: SHOTS_DIR, also_accessible=True),
                    needs=unless("no second slot, or its screenshot directory is not readable by other users",
@@ -148,7 +137,7 @@ CASES = [
                                 "permissions keep every cell out as well)", _hidden_readable))),
     Case("FS-06", "The launcher's state (/run/chv-fleet) is not visible",
          "list the launcher's state directory",
-         "list /run/chv, the cells' bind", _fs06,
+         "list /run/chv, the cells' bind", _read("state_dir", "run_chv", "list /run/chv", verb="list"),
          "the launcher refuses a bind of its state directory (policy check: a bind would expose /run/chv-fleet)"),
     Case("FS-07", "/usr is read-only",
          "create a file in /usr",

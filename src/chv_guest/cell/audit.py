@@ -330,6 +330,16 @@ def _run_cell(policy_path: str, slot: str, payload: List[str], timeout: float,
     return p.returncode, p.stdout, p.stderr
 
 
+def _cell_report(rc: int, out: str, err: str, keep: int) -> Tuple[Optional[Facts], str]:
+    """The report of an audit_probe.py run in a cell (its last line of
+    output, JSON), or None and why (the last ``keep`` characters it wrote)."""
+    try:
+        rep = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
+    except (ValueError, IndexError):
+        rep = None
+    return rep, "" if rep is not None else "chv-cell run exited %s: %s" % (rc, (err or out).strip()[-keep:])
+
+
 def _record_exists(pol: policymod.Policy, slot: policymod.Slot) -> bool:
     return os.path.exists(argvmod.cell_paths(pol, slot)["record"])
 
@@ -571,12 +581,9 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
     if counters_before is not None and counters_after is not None:
         g["counters_moved"] = dict((name, n - counters_before.get(name, 0)) for name, n in counters_after.items()
                                    if n != counters_before.get(name, 0))
-    try:
-        facts["a"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
-    except (ValueError, IndexError):
-        facts["a"] = None
+    facts["a"], why = _cell_report(rc, out, err, 600)
     if facts["a"] is None:
-        facts["a_error"] = "chv-cell run exited %s: %s" % (rc, (err or out).strip()[-600:])
+        facts["a_error"] = why
     if b_proc is not None:
         with open(done, "w"):
             pass
@@ -755,12 +762,9 @@ def _after_cell_a(pol: policymod.Policy, policy_path: str, launch: str, slot_a: 
         run2 = {"broker_client": request["broker_client"], "cookie": request["cookie"]}
         rc, out, err = _run_cell(launch, slot_a["name"], ["python3", "-I", script, "in-cell-run2", json.dumps(run2)],
                                  opts["timeout"])
-        try:
-            facts["run2"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
-        except (ValueError, IndexError):
-            facts["run2"] = None
+        facts["run2"], why = _cell_report(rc, out, err, 300)
         if facts["run2"] is None:
-            facts["run2_error"] = "chv-cell run exited %s: %s" % (rc, (err or out).strip()[-300:])
+            facts["run2_error"] = why
 
 
 STATUS_FD = "{status-fd}"

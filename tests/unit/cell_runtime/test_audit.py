@@ -169,6 +169,20 @@ def test_the_catalog_has_at_least_40_cases_with_unique_ids_by_area():
         assert c.title and c.probe and c.control, c.id
 
 
+def test_each_case_is_one_object_in_its_areas_module():
+    """catalog/<area>.py defines the area's cases, judge and loosening with
+    them; the registry lists every area's, in catalog order."""
+    modules = dict((m.__name__.rsplit(".", 1)[1], m) for m in (
+        catalog.fs, catalog.id_, catalog.net, catalog.ipc, catalog.brw, catalog.ten, catalog.life, catalog.lim))
+    assert sorted(modules) == ["brw", "fs", "id", "ipc", "life", "lim", "net", "ten"]
+    assert catalog.CASES == [c for m in modules.values() for c in m.CASES]
+    for name, module in modules.items():
+        for c in module.CASES:
+            assert c.area.lower() == name and c.judge.__module__ == module.__name__, c.id
+            assert c.loosening and (isinstance(c.loosening, str) or c.id in c.loosening.cases), c.id
+    assert audit.CASES is catalog.CASES and audit.BY_ID is catalog.BY_ID
+
+
 def test_a_guest_whose_boundaries_hold_passes_every_case(facts):
     results = audit.judge(facts)
     assert set(results) == set(audit.BY_ID)

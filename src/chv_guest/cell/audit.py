@@ -526,6 +526,8 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
         request["browser"] = {"allowed": opts["allow_url"], "denied": denied}
         request["cookie"] = cookie_url(opts["allow_url"], nonce)
     _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark)
+    if opts.get("probes") is not None:
+        compose(request, opts["probes"])
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "audit_probe.py")
     # cell B first: its listener, its uid_map and its control
     b_proc = None
@@ -606,6 +608,23 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
     if request["broker_client"]:
         g["broker_root"] = _broker_as(request["broker_client"])
         g["broker_cell_uid"] = _broker_as(request["broker_client"], uid_a)
+
+
+# the keys of cell A's request that only a section of its report reads (the others every section may read)
+SECTION_KEYS = {"browser": ("browser",), "cookie": ("cookie",), "sync": ("sync",), "quota": ("quota",),
+                "disk": ("disk",), "plant": ("plant",), "kernel": ("families",)}
+
+
+def compose(request: Facts, probes: Iterable[str]) -> None:
+    """Cell A's request for the sections ``probes`` only (those the cases
+    of a --case run read): what no such case needs is neither asked in the
+    cell nor, for the doors' and the second run's, prepared on the guest."""
+    wanted = set(probes)
+    request["probes"] = sorted(wanted)
+    for section, keys in SECTION_KEYS.items():
+        if section not in wanted:
+            for key in keys:
+                request.pop(key, None)
 
 
 def cookie_url(allow_url: str, nonce: str) -> str:
@@ -752,7 +771,7 @@ def _after_cell_a(pol: policymod.Policy, policy_path: str, launch: str, slot_a: 
     of slot A (TEN-03)."""
     g = facts["guest"]
     g["read"] = dict((name, _read_slot(policy_path, slot_a["name"], path))
-                     for name, (dummy, path, dummy2) in sorted(request["plant"].items()))
+                     for name, (dummy, path, dummy2) in sorted(request.get("plant", {}).items()))
     try:
         with open("/etc/shadow") as fh:
             g["shadow_words"] = [line.split(":", 1)[0] + ":" for line in fh if line.strip()][:3]
@@ -912,16 +931,17 @@ def run(policy_path: str, opts: Facts) -> Facts:
              "broker_client": opts["broker_client"] or ""}
     fix = Fixtures()
     kept: List[str] = []
+    # --case: cell A runs the sections of its probes that the named cases
+    # read (one run gathers them all), the lifecycle runs only for a case of
+    # its own; the cases named are judged and reported
+    cases = list(opts.get("cases") or [])
+    probes = sorted(set(p for cid in cases for p in BY_ID[cid].probes)) if cases else None
     try:
-        _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts)
+        _cell_probes(pol, policy_path, slot_a, slot_b, dict(opts, probes=probes), fix, facts)
     finally:
         # --keep: the fixtures the cells read and wrote stay for inspection
         # (their paths in the report's header); the audit's processes end
         kept = fix.cleanup(keep_files=bool(opts.get("keep")))
-    # --case: the cells' probes run whole (one run gathers every cell case's
-    # facts), the lifecycle runs only for a case of its own; the report has
-    # the named cases only
-    cases = list(opts.get("cases") or [])
     lifecycle = bool(opts.get("lifecycle", True)) and (not cases or bool(set(cases) & set(LIFECYCLE_CASES)))
     if facts.get("a") is not None and lifecycle:
         _lifecycle(pol, policy_path, slot_a, opts, facts)

@@ -982,6 +982,31 @@ def test_case_reports_the_named_cases_only_and_runs_the_lifecycle_only_for_one_o
     assert sum(rep["counts"].values()) == len(ids)
 
 
+# what every report of cell A has, whatever sections it ran
+CELL_A_ALWAYS = ("uid", "pid", "uid_map", "CapEff", "CapBnd", "NoNewPrivs", "neigh_out", "resolv")
+
+
+@pytest.mark.parametrize("cid", [c.id for c in catalog.CASES])
+def test_each_case_is_judged_from_the_sections_of_cell_as_report_it_names(facts, cid):
+    """A --case run asks cell A for the sections its cases name (Case.probes)
+    only: each case's verdict from those is the verdict from the whole report."""
+    case = catalog.BY_ID[cid]
+    assert set(case.probes) <= set(audit_probe.SECTIONS)
+    whole = case.verdict(copy.deepcopy(facts))
+    facts["a"] = dict((k, v) for k, v in facts["a"].items() if k in CELL_A_ALWAYS + case.probes)
+    assert case.verdict(facts) == whole
+
+
+def test_a_case_run_asks_the_cell_for_its_sections_only():
+    request = {"read": {}, "write": {}, "tcp": {}, "tcp6": {}, "families": {}, "browser": {}, "cookie": "u",
+               "sync": {}, "quota": {}, "disk": "/workspace", "plant": {}, "broker_client": "c"}
+    audit.compose(request, catalog.BY_ID["TEN-03"].probes)
+    assert request["probes"] == ["browser", "cookie"]
+    # the doors' and run 2's requests stay, the sync, quota, disk, plant and families ones go
+    assert sorted(request) == ["broker_client", "browser", "cookie", "probes", "read", "tcp", "tcp6", "write"]
+    assert set(audit.SECTION_KEYS) <= set(audit_probe.SECTIONS)
+
+
 def test_keep_leaves_the_fixture_files_and_still_undoes_the_rest(tmp_path):
     """--keep: the files and directories the audit put down stay (and are
     named); its processes end and its guest changes are undone all the same."""

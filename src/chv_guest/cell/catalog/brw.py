@@ -110,7 +110,7 @@ def _door_rule(daddr: str) -> str:
 
 
 CASES = [
-    Case("BRW-01", "chv-browser opens no guest service for a cell",
+    Case("BRW-01", ("browser",), "chv-browser opens no guest service for a cell",
          "open, for cell A, the guest's listener on 127.0.0.1, each guest IPv4 address and each slot gateway: each "
          "refused, nothing reaches the listener, and drop_door_to_guest moves",
          "the same open of the --allow-url page returns its snapshot", _brw01,
@@ -120,14 +120,14 @@ CASES = [
                                        % (_door_rule("!= " + METADATA), probe.GUEST_PORT))],
                    needs=unless("run without --allow-url", lambda ctx: ctx["opts"].get("allow_url"))),
          drop_counter="drop_door_to_guest"),
-    Case("BRW-02", "chv-browser does not reach the metadata stand-in for a cell",
+    Case("BRW-02", ("browser",), "chv-browser does not reach the metadata stand-in for a cell",
          "open 169.254.169.254 (the stand-in on the guest's loopback): refused, nothing reaches the listener",
          "the allowed page's snapshot", _brw02,
          Loosening("accept chv-browser to the metadata stand-in at the top of the output chain",
                    rules=lambda ctx: [("output", "%s tcp dport %d accept" % (_door_rule(METADATA), probe.GUEST_PORT))],
                    needs=unless("run without --allow-url or --metadata-stand-in",
                                 lambda ctx: ctx["opts"].get("allow_url") and ctx["opts"]["metadata_stand_in"]))),
-    Case("BRW-03", "chv-browser does not reach another cell for a cell",
+    Case("BRW-03", ("browser",), "chv-browser does not reach another cell for a cell",
          "open cell B's listener: refused, nothing reaches it, and drop_door_to_cell moves",
          "the allowed page's snapshot; cell B reaches its own listener", _brw03,
          Loosening("accept chv-browser to cell B's listener at the top of the output chain",
@@ -136,7 +136,7 @@ CASES = [
                    needs=unless("run without --allow-url, or the policy has one slot",
                                 lambda ctx: ctx["opts"].get("allow_url") and ctx["slot_b"])),
          drop_counter="drop_door_to_cell"),
-    Case("BRW-04", "chv-browser returns snapshots only",
+    Case("BRW-04", ("browser",), "chv-browser returns snapshots only",
          "the reply to the allowed page carries no key but %s and none of the page's raw HTML (a comment and a "
          "script)" % ", ".join(sorted(SNAPSHOT_KEYS)),
          "the snapshot names the page's heading", _brw04, "needs a build of chv-browser that returns the page's HTML"),

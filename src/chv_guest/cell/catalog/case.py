@@ -7,7 +7,7 @@ modules (fs.py ... lim.py) define the cases; the package's registry
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, TypedDict, Union
+from typing import Callable, Optional, Tuple, TypedDict, Union
 
 from .facts import Facts
 from .loosen import Loosening
@@ -63,6 +63,9 @@ class Case:
     facts; ``loosening`` is how --counter-proof loosens it, or the reason
     it cannot here."""
     id: str
+    # the sections of cell A's report its judge reads (audit_probe.SECTIONS; cell A's
+    # uid, capabilities, resolv.conf and gateway are in every report)
+    probes: Tuple[str, ...]
     title: str
     probe: str
     control: str

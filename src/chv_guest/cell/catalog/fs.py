@@ -96,21 +96,25 @@ def _ws_b(ctx: Context) -> str:
     return argvmod.cell_paths(ctx["pol"], ctx["slot_b"])["workspace"] if ctx["slot_b"] else ""
 
 
+# the section of cell A's report these cases read (Case.probes)
+READ = ("read",)
+WRITE = ("write",)
+
 CASES = [
-    Case("FS-01", "Guest secrets in /etc/chv cannot be read",
+    Case("FS-01", READ, "Guest secrets in /etc/chv cannot be read",
          "read a file readable by every guest user that the audit puts in /etc/chv",
          "the cell reads /etc/os-release; the guest reads the file", _fs01,
          Loosening("take /etc/chv out of the policy's inaccessible list",
                    edit=without_inaccessible(lambda ctx: ["/etc/chv"]),
                    needs=unless("/etc/chv is not readable by other users on this guest: its permissions keep every "
                                 "cell out as well", lambda ctx: readable_by_others("/etc/chv")))),
-    Case("FS-02", "The agent's credentials file is hidden",
+    Case("FS-02", READ, "The agent's credentials file is hidden",
          "read $HOME/.git-credentials (0644 in the slot's home)",
          "read another 0644 file of the same directory", _read("credentials", "ordinary", "the other file"),
          Loosening("take the .git-credentials paths out of the policy's inaccessible list",
                    edit=without_inaccessible(_credentials),
                    needs=unless("the policy's inaccessible list has no .git-credentials path", _credentials))),
-    Case("FS-03", "Another slot's workspace is out of reach",
+    Case("FS-03", READ, "Another slot's workspace is out of reach",
          "read a file of slot B's workspace by its guest path",
          "read the audit's file in the cell's own /workspace",
          _read("other_workspace", "own_workspace", "own /workspace file", lacking=lambda facts: "a second slot"),
@@ -119,7 +123,7 @@ CASES = [
                    needs=unless("no second slot, or its workspace is not readable by other users (its permissions "
                                 "keep every cell out as well)",
                                 lambda ctx: ctx["slot_b"] and readable_by_others(_ws_b(ctx))))),
-    Case("FS-04", "Another slot's screenshots are out of reach",
+    Case("FS-04", READ, "Another slot's screenshots are out of reach",
          "read a file of slot B's screenshot directory",
          "read the audit's file in the cell's own /run/chv/shots",
          _read("other_shots", "own_shots", "own /run/chv/shots file",
@@ -128,27 +132,25 @@ CASES = [
                    edit=bind(lambda ctx: SHOTS_DIR, also_accessible=True),
                    needs=unless("no second slot, or its screenshot directory is not readable by other users",
                                 lambda ctx: ctx["slot_b"] and readable_by_others(_shots_b(ctx))))),
-    Case("FS-05", "chv-browser's and Playwright's files are out of reach",
+    Case("FS-05", READ, "chv-browser's and Playwright's files are out of reach",
          "read or list each path of chv_cell_inaccessible that exists on the guest",
          "the guest has each path; the cell reads /usr/bin/env", _fs05,
          Loosening("take the hidden paths that other users can read out of inaccessible",
                    edit=without_inaccessible(_hidden_readable),
                    needs=unless("no path of chv_cell_inaccessible on this guest is readable by other users (their "
                                 "permissions keep every cell out as well)", _hidden_readable))),
-    Case("FS-06", "The launcher's state (/run/chv-fleet) is not visible",
+    Case("FS-06", READ, "The launcher's state (/run/chv-fleet) is not visible",
          "list the launcher's state directory",
          "list /run/chv, the cells' bind", _read("state_dir", "run_chv", "list /run/chv", verb="list"),
          "the launcher refuses a bind of its state directory (policy check: a bind would expose /run/chv-fleet)"),
-    Case("FS-07", "/usr is read-only",
-         "create a file in /usr",
+    Case("FS-07", WRITE, "/usr is read-only", "create a file in /usr",
          "create a file in /workspace, which the guest then sees", _fs07,
          "two layers: the read-only /usr and the user namespace (guest root's files are not the cell root's); "
          "a writable bind leaves /usr unwritable, so no single loosening opens it"),
-    Case("FS-08", "A write to /etc never reaches the guest",
-         "create a file in /etc; the guest looks for it",
+    Case("FS-08", WRITE, "A write to /etc never reaches the guest", "create a file in /etc; the guest looks for it",
          "the workspace write reached the guest", _fs08,
          "as FS-07: /etc is a read-only bind of the guest's own, and guest root's files are not the cell root's"),
-    Case("FS-09", "What the launcher, broker and ruleset trust is not writable",
+    Case("FS-09", WRITE, "What the launcher, broker and ruleset trust is not writable",
          "open the policy, the launcher, the broker and the ruleset for writing; the guest compares their hashes",
          "the workspace write reached the guest", _fs09, "as FS-07, for every trusted file"),
 ]

@@ -53,19 +53,19 @@ def _ipc04(case: Case, facts: Facts) -> Result:
 
 
 CASES = [
-    Case("IPC-01", "The broker answers a cell",
+    Case("IPC-01", ("broker",), "The broker answers a cell",
          "ping through the broker socket from the cell",
          "the broker's client is installed", _ipc01,
          "a positive case: the broker answering the cell is the control of IPC-02 to IPC-04"),
-    Case("IPC-02", "The broker refuses a guest process",
+    Case("IPC-02", ("broker",), "The broker refuses a guest process",
          "ping as guest root outside any cell",
          "the cell's ping (IPC-01) was answered", _outside("broker_root"),
          "needs a build of chv-broker without its peer check; the refusals are tested on real sockets in "
          "tests/integration/broker"),
-    Case("IPC-03", "The broker refuses a guest process that has a cell's uid",
+    Case("IPC-03", ("broker",), "The broker refuses a guest process that has a cell's uid",
          "ping as the slot's uid_base outside any cell",
          "the cell's ping (IPC-01) was answered", _outside("broker_cell_uid"), "as IPC-02"),
-    Case("IPC-04", "Unknown operations are refused and the broker survives",
+    Case("IPC-04", ("broker",), "Unknown operations are refused and the broker survives",
          "an unknown op from the cell",
          "a ping after it is answered", _ipc04,
          "needs a build of chv-broker whose dispatch accepts unknown operations (tests/unit/broker)"),

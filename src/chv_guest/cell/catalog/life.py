@@ -39,17 +39,17 @@ def _life04(case: Case, facts: Facts) -> Result:
 
 
 CASES = [
-    Case("LIFE-01", "Nothing is left after the cells exit",
+    Case("LIFE-01", (), "Nothing is left after the cells exit",
          "no cell record, host interface or machine of the audit's slots after the runs",
          "while cell B ran, its record and interface existed", _life01,
          "the launcher's own cleanup: nothing in a policy keeps a cell's interface or record"),
-    Case("LIFE-02", "Consecutive runs all start",
+    Case("LIFE-02", (), "Consecutive runs all start",
          "--runs cells one after the other in one slot, each exit 0",
          "the first of them ran", _life02, "a positive case", lifecycle=True),
-    Case("LIFE-03", "All slots at once, then one more is refused as busy",
+    Case("LIFE-03", (), "All slots at once, then one more is refused as busy",
          "with a cell in every slot, one more run with --timeout 1 exits 75",
          "every slot's cell ran at the same time", _life03, "the claim locks are not configurable", lifecycle=True),
-    Case("LIFE-04", "A SIGKILLed launcher leaves its slot claimable",
+    Case("LIFE-04", (), "A SIGKILLed launcher leaves its slot claimable",
          "after SIGKILL of a launcher, a new run in its slot exits 0",
          "the killed launcher's cell had started", _life04,
          "the claim lock is released by the kernel when its holder dies; nothing to loosen", lifecycle=True),

@@ -24,10 +24,11 @@ def _lim02(case: Case, facts: Facts) -> Result:
 
 
 CASES = [
-    Case("LIM-01", "The wall-clock limit stops a cell (exit 124)",
+    Case("LIM-01", (), "The wall-clock limit stops a cell (exit 124)",
          "--runtime-max 1 -- sleep 30 exits 124",
          "--runtime-max 30 -- true exits 0", _lim01, "the probe sets --runtime-max itself", lifecycle=True),
-    Case("LIM-02", "The task limit (TasksMax) is enforced", "start TasksMax + 16 threads in a cell", "start 4 threads",
-         _lim02, "not yet: a TasksMax loosening needs the lifecycle run and a guest with the pids controller delegated",
+    Case("LIM-02", (), "The task limit (TasksMax) is enforced", "start TasksMax + 16 threads in a cell",
+         "start 4 threads", _lim02,
+         "not yet: a TasksMax loosening needs the lifecycle run and a guest with the pids controller delegated",
          lifecycle=True),
 ]

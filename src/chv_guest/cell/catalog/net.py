@@ -92,16 +92,17 @@ def _net06(case: Case, facts: Facts) -> Result:
 
 def _net07(case: Case, facts: Facts) -> Result:
     resolv = facts["a"].get("resolv", "")
-    servers = [line.split()[1] for line in resolv.splitlines() if line.startswith("nameserver") and len(line.split()) > 1]
+    servers = [line.split()[1] for line in resolv.splitlines()
+               if line.startswith("nameserver") and len(line.split()) > 1]
     return pair("127.0.0.53" not in servers, "nameservers: %s" % (", ".join(servers) or "none"),
                 bool(servers), "resolv.conf lists %d resolver(s)" % len(servers))
 
 
 CASES = [
-    Case("NET-01", "Egress through the NAT works",
+    Case("NET-01", ("tcp",), "Egress through the NAT works",
          "connect to each --allow destination from the cell",
          "the guest connects to it", _net01, "a positive case: its counter-proof is every NET case beside it"),
-    Case("NET-02", "Another cell is unreachable",
+    Case("NET-02", ("tcp",), "Another cell is unreachable",
          "connect from cell A to cell B's listener: no answer, and drop_cell_to_cell moves",
          "cell B reaches its own listener", _net02,
          Loosening("accept cell A <-> cell B at the top of the forward chain",
@@ -109,7 +110,7 @@ CASES = [
                                       for a, b in ((ctx["slot_a"], ctx["slot_b"]), (ctx["slot_b"], ctx["slot_a"]))],
                    needs=unless("the policy has one slot", lambda ctx: ctx["slot_b"])),
          drop_counter="drop_cell_to_cell"),
-    Case("NET-03", "Guest services are unreachable on every guest address",
+    Case("NET-03", ("tcp",), "Guest services are unreachable on every guest address",
          "connect from the cell to a guest listener on each guest IPv4 address and each slot gateway: no answer, "
          "and drop_cell_to_guest moves",
          "the guest reaches the listener on each (cell A's own gateway, which exists only while A runs: it answers "
@@ -118,7 +119,7 @@ CASES = [
                    rules=lambda ctx: [("input", 'iifname "%s" ip daddr != %s accept' % (a_if(ctx), METADATA))]),
          drop_counter="drop_cell_to_guest"),
     # the metadata stand-in is an address of the guest, so its drop is the input path's
-    Case("NET-04", "The metadata stand-in is unreachable",
+    Case("NET-04", ("tcp",), "The metadata stand-in is unreachable",
          "connect to 169.254.169.254 (added to the guest's loopback for the run): no answer, and "
          "drop_cell_to_guest moves",
          "the guest connects to it", _net04,
@@ -126,7 +127,7 @@ CASES = [
                    rules=lambda ctx: [("input", 'iifname "%s" ip daddr %s accept' % (a_if(ctx), METADATA))],
                    needs=unless("run without --metadata-stand-in", lambda ctx: ctx["opts"]["metadata_stand_in"])),
          drop_counter="drop_cell_to_guest"),
-    Case("NET-05", "Denied destinations are dropped",
+    Case("NET-05", ("tcp",), "Denied destinations are dropped",
          "connect to each --deny destination from the cell: no answer, and drop_denied moves",
          "the guest connects to it", _net05,
          Loosening("accept cell A to the --deny destinations at the top of the forward chain",
@@ -134,11 +135,11 @@ CASES = [
                                       for host in sorted(set(t.rsplit(":", 1)[0] for t in ctx["opts"]["deny"]))],
                    needs=unless("run without --deny HOST:PORT", lambda ctx: ctx["opts"]["deny"])),
          drop_counter="drop_denied"),
-    Case("NET-06", "IPv6 is unreachable",
+    Case("NET-06", ("tcp6",), "IPv6 is unreachable",
          "connect over IPv6 to the guest's global addresses and to 2001:db8::1 (no route leaves the cell)",
          "the cell's IPv4 gateway answers ARP", _net06,
          "the launcher gives cells no IPv6 address or route, and the ruleset drops IPv6 from cells: two layers"),
-    Case("NET-07", "The cell's resolvers are real ones, not the guest's 127.0.0.53 stub",
+    Case("NET-07", (), "The cell's resolvers are real ones, not the guest's 127.0.0.53 stub",
          "no 127.0.0.53 in the cell's /etc/resolv.conf",
          "the file names at least one resolver", _net07, "the policy check refuses a loopback resolver in dns_servers"),
 ]

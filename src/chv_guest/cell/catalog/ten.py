@@ -193,14 +193,14 @@ def _ten09(case: Case, facts: Facts) -> Result:
 
 
 CASES = [
-    Case("TEN-01", "The sync door reads nothing outside the slot",
+    Case("TEN-01", ("sync",), "The sync door reads nothing outside the slot",
          "cell A's repositories whose .git/packed-refs is a link to a file of slot B's workspace and whose "
          ".git/objects/info/alternates names slot B's agent state: sync status through the broker is refused "
          "and no reply carries the files' text",
          "sync status of a clean repository in the same cell succeeds; the guest reads slot B's files", _ten01,
          "needs a build of chv-broker without its git directory checks and the worker's mount namespace; "
          "tests/integration/broker/test_sync_tenants.py shows the leak on the old code"),
-    Case("TEN-02", "A slot at its door quota is refused for itself alone",
+    Case("TEN-02", ("quota",), "A slot at its door quota is refused for itself alone",
          "cell A holds max_connections_per_slot idle connections to chv-broker and opens %d more: those are "
          "refused as busy naming slot A and the quota; meanwhile cell B's ping is answered" % QUOTA_EXTRA,
          "A's first connections were admitted and still held while B pinged; after A lets go, A's own ping "
@@ -208,7 +208,7 @@ CASES = [
          "the quota is chv-broker's configuration, read when it starts: loosening it restarts every slot's "
          "door, not one slot's cells for one run; tests/integration/broker/test_door_fairness.py shows the "
          "old global cap refusing the other slot"),
-    Case("TEN-03", "The browser keeps nothing of a run for the slot's next run",
+    Case("TEN-03", ("browser", "cookie"), "The browser keeps nothing of a run for the slot's next run",
          "run 1 of slot A opens the audit's cookie page through chv-browser; run 2 of slot A: snapshot finds "
          "no page, and the cookie page shows no cookie",
          "in run 1 a second open shows the cookie; run 2's open works", _ten03,
@@ -216,7 +216,7 @@ CASES = [
          "when chv-broker's reaper (every reap_interval) does not see the slot empty between the two runs: not "
          "deterministic on a guest; tests/integration/browser/test_browser_state_across_runs.py shows it with "
          "the reaper off"),
-    Case("TEN-04", "A cell gets only the policy's socket families",
+    Case("TEN-04", ("kernel",), "A cell gets only the policy's socket families",
          "socket() of AF_VSOCK (and its bind), AF_PACKET and AF_XDP, and AF_VSOCK with bit 32 set through "
          "syscall(): each EAFNOSUPPORT",
          "each family of socket_families works in the same cell; the guest binds an AF_VSOCK socket", _ten04,
@@ -224,14 +224,14 @@ CASES = [
                    edit=lambda raw, ctx: raw.update(socket_families="any"),
                    needs=unless("the policy's socket_families is already \"any\"",
                                 lambda ctx: ctx["pol"].get("socket_families") != "any"))),
-    Case("TEN-05", "A slot's disk quota holds",
+    Case("TEN-05", ("disk",), "A slot's disk quota holds",
          "the workspace's file system is no larger than disk_max; fallocate of its free space + 1 MiB fails "
          "with ENOSPC; the image the slot's file system lives in takes no more of the guest's disk than before",
          "a small write in the workspace succeeds; the workspace is on a file system of its own (not /'s)", _ten05,
          "the quota is the slot's own file system: loosening it would unmount it (or move the slot onto /) while "
          "slots may run, and the launcher refuses a slot whose directories are not on a file system of their "
          "own (disk.check_slot)"),
-    Case("TEN-06", "Private and special-purpose ranges are denied by default",
+    Case("TEN-06", ("tcp", "browser"), "Private and special-purpose ranges are denied by default",
          "connect from cell A to the --special stand-in (a special-purpose address no deny entry or "
          "carve-out covers): no answer, and drop_special_range moves; chv-browser's open of it for A is refused",
          "the guest connects to it", _ten06,
@@ -239,19 +239,19 @@ CASES = [
                    elements=lambda ctx: [("carve_nets", ctx["opts"]["special"].rsplit(":", 1)[0])],
                    needs=unless("run without --special HOST:PORT", lambda ctx: ctx["opts"].get("special"))),
          drop_counter="drop_special_range"),
-    Case("TEN-07", "The launcher's verdict cannot be forged by the payload",
+    Case("TEN-07", (), "The launcher's verdict cannot be forged by the payload",
          "a payload prints a busy launcher's words, writes to the --status-fd number and exits 75: the "
          "status record says it ran, exit 75, and the payload's write failed",
          "a real busy run (every slot held, LIFE-03) with --status-fd records verdict busy", _ten07,
          "the launcher starts every cell with the fds above 2 closed: no policy hands the status fd to a "
          "payload", lifecycle=True),
-    Case("TEN-08", "A reader of a slot's files never follows what the cell planted",
+    Case("TEN-08", ("plant",), "A reader of a slot's files never follows what the cell planted",
          "chv-cell read --slot A of cell A's links to slot B's file and to /etc/shadow and of its FIFO: each "
          "refused (exit 65) at once, none of their text on stdout",
          "a regular file cell A wrote reads back", _ten08,
          "needs a build of chv-cell read that follows links (slotfiles.read_file); "
          "tests/integration/cells/test_slot_files.py reads the same plants"),
-    Case("TEN-09", "Each slot's workspace and home are the slot's own",
+    Case("TEN-09", ("write",), "Each slot's workspace and home are the slot's own",
          "cell A's and B's workspace and home are owned by the slot's uid_base (user and group), mode 0700",
          "the directories are there and cell A wrote its workspace", _ten09,
          "re-owning a slot's directories while its cells may run is no loosening of one run; FS-03's loosening "

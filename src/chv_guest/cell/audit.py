@@ -182,9 +182,12 @@ def _sha256(path: str) -> str:
 
 
 def _launcher_hash() -> str:
+    """The digest of the launcher's files and the catalog's (catalog/), which judged the run."""
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for name in sorted(n for n in os.listdir(here) if n.endswith(".py")):
+    names = [n for n in os.listdir(here) if n.endswith(".py")]
+    names += ["catalog/" + n for n in os.listdir(os.path.join(here, "catalog")) if n.endswith(".py")]
+    for name in sorted(names):
         h.update(name.encode() + b"\0" + _sha256(os.path.join(here, name)).encode())
     return h.hexdigest()
 

@@ -960,14 +960,17 @@ def test_bad_case_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_pol
 ])
 def test_case_reports_the_named_cases_only_and_runs_the_lifecycle_only_for_one_of_its_own(
         monkeypatch, tmp_path, raw_policy, facts, cases, lifecycle_ran):
-    """--case: the cells' probes run (once, whole), the lifecycle only when
-    a lifecycle case is named; the report holds exactly the named cases."""
+    """--case: the cells' probes run once (the sections the named cases
+    read), the lifecycle only when a lifecycle case is named; the report
+    holds exactly the named cases."""
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(raw_policy))
     calls = []
 
     def probes(pol, policy_path, slot_a, slot_b, opts, fix, got):
         calls.append("probes")
+        assert opts["probes"] == (sorted(set(p for cid in cases for p in catalog.BY_ID[cid].probes)) if cases
+                                  else None)
         got.update(dict((k, v) for k, v in facts.items() if k not in ("guest", "policy", "slot_a", "slot_b")))
         got["guest"].update(facts["guest"])
 

@@ -1,11 +1,11 @@
-"""Regenerate the catalog table of docs/isolation-cases.md from the code
-(src/chv_guest/cell/counterproof.py); the unit test
+"""Regenerate the catalog table of docs/isolation-cases.md from the case
+objects (src/chv_guest/cell/catalog/); the unit test
 tests/unit/cell_runtime/test_audit.py fails while the two differ. Run with
 src/ on PYTHONPATH, as the tests import it (pytest.ini)."""
 
 import os
 
-from chv_guest.cell import counterproof
+from chv_guest.cell import catalog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,4 +17,4 @@ with open(DOC) as fh:
 head, rest = text.split(START, 1)
 tail = rest[rest.index(END):]
 with open(DOC, "w") as fh:
-    fh.write(head + START + counterproof.catalog_markdown() + tail)
+    fh.write(head + START + catalog.catalog_markdown() + tail)

@@ -29,7 +29,7 @@ SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 # roles share), "scripts" single files, "retired" the directories earlier
 # releases installed instead (removed whole on the next converge).
 GUEST_TREE = {
-    'cell_runtime': {'packages': ('chv_guest', 'chv_guest/cell'),
+    'cell_runtime': {'packages': ('chv_guest', 'chv_guest/cell', 'chv_guest/cell/catalog'),
                      'scripts': ('chv-cell', 'chv-cell-agent'),
                      'retired': ('chv_cell',)},
     'broker': {'packages': ('chv_guest', 'chv_guest/wire', 'chv_guest/broker'),

@@ -17,7 +17,11 @@ slot's home, a listener on every guest address, a marked guest process),
 checks afterwards what a cell must not have changed, runs the lifecycle
 cases, removes what it made, and writes the report: JSON, JUnit XML and
 Markdown. Exit 0: every case passed (or was skipped); 1: a case failed;
-2: no case failed but a control did not succeed."""
+2: no case failed but a control did not succeed.
+
+The cases themselves (each one's words, judge and counter-proof) are the
+catalog package's objects (catalog/, one module per area); this module
+is the guest side that gathers their facts and the reports."""
 
 from __future__ import annotations
 
@@ -34,62 +38,38 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, TypedDict
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import argv as argvmod
 from . import audit_probe as probe
 from . import disk as diskmod
-from . import exits
 from . import families as familiesmod
 from . import health as healthmod
 from . import policy as policymod
 from . import records
+# the catalog's names that callers (cli.py, counterproof.py, the tests) read here: re-exported ("as")
+from .catalog import BY_ID as BY_ID, CASES as CASES, DROP_COUNTERS as DROP_COUNTERS, LIFECYCLE_CASES, judge as judge
+from .catalog.case import Result, error
+from .catalog.facts import (COOKIE_NAME, COOKIE_PATH, QUOTA_EXTRA, RAW_MARKER, SHOTS_DIR, Facts, METADATA as METADATA,
+                            SNAPSHOT_KEYS as SNAPSHOT_KEYS, cookie_sent as cookie_sent, marker as marker)
+from .catalog.fs import hidden_paths as hidden_paths
 
 EXIT_FAILED = 1
 EXIT_ERROR = 2
-DROPPED = ("TimeoutError", "ETIMEDOUT")  # a connect the ruleset drops gets no answer
-# the ruleset's counter that each NET case's drops must move (roles/cell_nat); the
-# metadata stand-in is an address of the guest, so its drop is the input path's
-DROP_COUNTERS = {"NET-02": "drop_cell_to_cell", "NET-03": "drop_cell_to_guest", "NET-04": "drop_cell_to_guest",
-                 "NET-05": "drop_denied"}
-METADATA = "169.254.169.254"
-SHOTS_DIR = "/run/chv-shots"  # chv-browser's screenshots, a directory per slot (FS-04)
-RAW_MARKER = "chv-audit-raw-html"
 PAGE = ("<!doctype html><html><head><title>chv-audit</title></head><body><h1>chv-audit</h1>"
         "<!-- %s --><script>var raw = '%s';</script></body></html>" % (RAW_MARKER, RAW_MARKER))
-# what chv-browser's open returns to a cell (roles/browser: chv_browser/server.py, Engine.op_open and
-# _describe; tests/unit/cell_runtime/test_audit.py compares the two), and nothing else
-SNAPSHOT_KEYS = frozenset(["title", "url", "aria_snapshot", "truncated", "status"])
-# TEN-03: the Listener's page that sets a cookie (its value from the query's v) and shows the Cookie
-# header chromium sent
-COOKIE_PATH = "/chv-audit-cookie"
-COOKIE_NAME = "chv_audit"
 # TEN-02: chv-broker's configuration and the defaults of what the case reads from it
 # (src/chv_guest/broker/server.py DEFAULTS; a unit test compares the two)
 BROKER_CONFIG = "/etc/chv-fleet/broker.json"
-BROKER_DEFAULTS = {"max_connections_per_slot": 4, "read_timeout": 10.0}
-QUOTA_EXTRA = 2  # connections past the quota that must be refused
+BROKER_LIMITS = ("max_connections_per_slot", "read_timeout")  # what TEN-02 reads of chv-broker's configuration
 CELL_BROKER_SOCKET = "/run/chv/broker.sock"  # where the cells have chv-broker (the client's default)
 # TEN-04: families a cell of the default policy must not get, and how each is tried
 # (socket type, protocol); families not named here are tried as datagram sockets
 FAMILY_PROBES = ("AF_VSOCK", "AF_PACKET", "AF_XDP")
 FAMILY_TYPES = {"AF_UNIX": (1, 0), "AF_INET": (1, 0), "AF_INET6": (1, 0), "AF_NETLINK": (3, 0), "AF_VSOCK": (1, 0),
                 "AF_PACKET": (3, 0), "AF_XDP": (3, 0)}
-DISK_FULL = ("ENOSPC", "EDQUOT")
 # TEN-07: what the payload writes to stderr, a busy launcher's words (runner.Launcher)
 FORGED_BUSY = "chv-cell: all 1 slot(s) busy (slot0) for 1s; giving up"
-
-# The facts of one run (the cells' reports, the guest's observations, the
-# options) and the reports: JSON objects. Their keys are the probes' and the
-# judges' contract, one key per fact, read where each case is judged.
-Facts = Dict[str, Any]
-
-
-class Result(TypedDict):
-    """One case's verdict (pass, fail, error, skip) and its evidence."""
-    verdict: str
-    probe: str
-    control: str
 
 
 def loop_backing_file(dev: int) -> Optional[str]:
@@ -109,728 +89,6 @@ def _allocated(path: Optional[str]) -> int:
 def _family_spec(name: str) -> List[int]:
     """[family number, socket type, protocol] of TEN-04's try of family ``name``."""
     return [familiesmod.FAMILIES[name]] + list(FAMILY_TYPES.get(name, (2, 0)))
-
-
-def marker(kind: str, nonce: str) -> str:
-    """The text of a file of slot B (or /etc/shadow's stand-in words) that no reply may carry."""
-    return "chv-audit-%s-%s" % (kind, nonce)
-
-
-# ------------------------------------------------------------- the catalog
-
-class Case(object):
-    """One boundary: what is probed and what the control is (how each is
-    loosened, its counter-proof, is counterproof.py's)."""
-
-    def __init__(self, cid: str, title: str, probe_text: str, control: str) -> None:
-        self.id, self.title, self.probe, self.control = cid, title, probe_text, control
-
-    @property
-    def area(self) -> str:
-        return self.id.split("-")[0]
-
-
-CASES = [
-    Case("FS-01", "Guest secrets in /etc/chv cannot be read",
-         "read a file readable by every guest user that the audit puts in /etc/chv",
-         "the cell reads /etc/os-release; the guest reads the file"),
-    Case("FS-02", "The agent's credentials file is hidden",
-         "read $HOME/.git-credentials (0644 in the slot's home)",
-         "read another 0644 file of the same directory"),
-    Case("FS-03", "Another slot's workspace is out of reach",
-         "read a file of slot B's workspace by its guest path",
-         "read the audit's file in the cell's own /workspace"),
-    Case("FS-04", "Another slot's screenshots are out of reach",
-         "read a file of slot B's screenshot directory",
-         "read the audit's file in the cell's own /run/chv/shots"),
-    Case("FS-05", "chv-browser's and Playwright's files are out of reach",
-         "read or list each path of chv_cell_inaccessible that exists on the guest",
-         "the guest has each path; the cell reads /usr/bin/env"),
-    Case("FS-06", "The launcher's state (/run/chv-fleet) is not visible",
-         "list the launcher's state directory",
-         "list /run/chv, the cells' bind"),
-    Case("FS-07", "/usr is read-only",
-         "create a file in /usr",
-         "create a file in /workspace, which the guest then sees"),
-    Case("FS-08", "A write to /etc never reaches the guest",
-         "create a file in /etc; the guest looks for it",
-         "the workspace write reached the guest"),
-    Case("FS-09", "What the launcher, broker and ruleset trust is not writable",
-         "open the policy, the launcher, the broker and the ruleset for writing; the guest compares their hashes",
-         "the workspace write reached the guest"),
-    Case("ID-01", "Cell root is the slot's own unprivileged guest uid",
-         "the cell's uid_map maps 0 to the slot's uid_base, not to guest root",
-         "the payload runs as uid 0 of the cell"),
-    Case("ID-02", "Slots get disjoint uid ranges", "cells A and B map to disjoint guest uid ranges", "both cells ran"),
-    Case("ID-03", "Dropped capabilities are absent from the effective set",
-         "no capability of drop_capabilities in CapEff",
-         "CAP_CHOWN is in CapEff"),
-    Case("ID-04", "Dropped capabilities are absent from the bounding set",
-         "no capability of drop_capabilities in CapBnd",
-         "CAP_CHOWN is in CapBnd"),
-    Case("ID-05", "NoNewPrivs is set", "NoNewPrivs of /proc/self/status is 1", "the field is there"),
-    Case("ID-06", "io_uring is refused (EPERM)", "io_uring_setup", "getpid through syscall()"),
-    Case("ID-07", "No new user namespace", "unshare(CLONE_NEWUSER)", "unshare(0)"),
-    Case("ID-08", "No mount", "mount a tmpfs", "mkdir the mount point"),
-    Case("ID-09", "No device nodes", "mknod a character device (1,3)", "mkfifo"),
-    Case("ID-10", "No raw sockets", "socket(AF_INET, SOCK_RAW)", "socket(AF_INET, SOCK_DGRAM)"),
-    Case("ID-11", "ptrace cannot reach a guest process",
-         "PTRACE_ATTACH to the audit's guest process; kill(pid, 0)",
-         "the probe signals its own child (kill(pid, 0))"),
-    Case("ID-12", "nsenter cannot enter the guest's namespaces",
-         "nsenter -t <guest pid> and -t 1; setns() into the cell's own network namespace",
-         "nsenter --version runs; /proc/self/ns/net opens"),
-    Case("ID-13", "Guest processes are invisible",
-         "look for the audit's marked guest process in the cell's /proc; kill(pid, 0)",
-         "the cell lists its own pid; the guest sees the marked process"),
-    Case("ID-14", "No address change in the cell",
-         "ip addr add on the cell's interface",
-         "ip addr show of the interface"),
-    Case("ID-15", "No route change in the cell", "ip route add", "ip route show"),
-    Case("NET-01", "Egress through the NAT works",
-         "connect to each --allow destination from the cell",
-         "the guest connects to it"),
-    Case("NET-02", "Another cell is unreachable",
-         "connect from cell A to cell B's listener: no answer, and drop_cell_to_cell moves",
-         "cell B reaches its own listener"),
-    Case("NET-03", "Guest services are unreachable on every guest address",
-         "connect from the cell to a guest listener on each guest IPv4 address and each slot gateway: no answer, "
-         "and drop_cell_to_guest moves",
-         "the guest reaches the listener on each (cell A's own gateway, which exists only while A runs: it answers "
-         "A's ARP)"),
-    Case("NET-04", "The metadata stand-in is unreachable",
-         "connect to 169.254.169.254 (added to the guest's loopback for the run): no answer, and "
-         "drop_cell_to_guest moves",
-         "the guest connects to it"),
-    Case("NET-05", "Denied destinations are dropped",
-         "connect to each --deny destination from the cell: no answer, and drop_denied moves",
-         "the guest connects to it"),
-    Case("NET-06", "IPv6 is unreachable",
-         "connect over IPv6 to the guest's global addresses and to 2001:db8::1 (no route leaves the cell)",
-         "the cell's IPv4 gateway answers ARP"),
-    Case("NET-07", "The cell's resolvers are real ones, not the guest's 127.0.0.53 stub",
-         "no 127.0.0.53 in the cell's /etc/resolv.conf",
-         "the file names at least one resolver"),
-    Case("IPC-01", "The broker answers a cell",
-         "ping through the broker socket from the cell",
-         "the broker's client is installed"),
-    Case("IPC-02", "The broker refuses a guest process",
-         "ping as guest root outside any cell",
-         "the cell's ping (IPC-01) was answered"),
-    Case("IPC-03", "The broker refuses a guest process that has a cell's uid",
-         "ping as the slot's uid_base outside any cell",
-         "the cell's ping (IPC-01) was answered"),
-    Case("IPC-04", "Unknown operations are refused and the broker survives",
-         "an unknown op from the cell",
-         "a ping after it is answered"),
-    Case("BRW-01", "chv-browser opens no guest service for a cell",
-         "open, for cell A, the guest's listener on 127.0.0.1, each guest IPv4 address and each slot gateway: each "
-         "refused, nothing reaches the listener, and drop_door_to_guest moves",
-         "the same open of the --allow-url page returns its snapshot"),
-    Case("BRW-02", "chv-browser does not reach the metadata stand-in for a cell",
-         "open 169.254.169.254 (the stand-in on the guest's loopback): refused, nothing reaches the listener",
-         "the allowed page's snapshot"),
-    Case("BRW-03", "chv-browser does not reach another cell for a cell",
-         "open cell B's listener: refused, nothing reaches it, and drop_door_to_cell moves",
-         "the allowed page's snapshot; cell B reaches its own listener"),
-    Case("BRW-04", "chv-browser returns snapshots only",
-         "the reply to the allowed page carries no key but %s and none of the page's raw HTML (a comment and a "
-         "script)" % ", ".join(sorted(SNAPSHOT_KEYS)),
-         "the snapshot names the page's heading"),
-    Case("TEN-01", "The sync door reads nothing outside the slot",
-         "cell A's repositories whose .git/packed-refs is a link to a file of slot B's workspace and whose "
-         ".git/objects/info/alternates names slot B's agent state: sync status through the broker is refused "
-         "and no reply carries the files' text",
-         "sync status of a clean repository in the same cell succeeds; the guest reads slot B's files"),
-    Case("TEN-02", "A slot at its door quota is refused for itself alone",
-         "cell A holds max_connections_per_slot idle connections to chv-broker and opens %d more: those are "
-         "refused as busy naming slot A and the quota; meanwhile cell B's ping is answered" % QUOTA_EXTRA,
-         "A's first connections were admitted and still held while B pinged; after A lets go, A's own ping "
-         "is answered"),
-    Case("TEN-03", "The browser keeps nothing of a run for the slot's next run",
-         "run 1 of slot A opens the audit's cookie page through chv-browser; run 2 of slot A: snapshot finds "
-         "no page, and the cookie page shows no cookie",
-         "in run 1 a second open shows the cookie; run 2's open works"),
-    Case("TEN-04", "A cell gets only the policy's socket families",
-         "socket() of AF_VSOCK (and its bind), AF_PACKET and AF_XDP, and AF_VSOCK with bit 32 set through "
-         "syscall(): each EAFNOSUPPORT",
-         "each family of socket_families works in the same cell; the guest binds an AF_VSOCK socket"),
-    Case("TEN-05", "A slot's disk quota holds",
-         "the workspace's file system is no larger than disk_max; fallocate of its free space + 1 MiB fails "
-         "with ENOSPC; the image the slot's file system lives in takes no more of the guest's disk than before",
-         "a small write in the workspace succeeds; the workspace is on a file system of its own (not /'s)"),
-    Case("TEN-06", "Private and special-purpose ranges are denied by default",
-         "connect from cell A to the --special stand-in (a special-purpose address no deny entry or "
-         "carve-out covers): no answer, and drop_special_range moves; chv-browser's open of it for A is refused",
-         "the guest connects to it"),
-    Case("TEN-07", "The launcher's verdict cannot be forged by the payload",
-         "a payload prints a busy launcher's words, writes to the --status-fd number and exits 75: the "
-         "status record says it ran, exit 75, and the payload's write failed",
-         "a real busy run (every slot held, LIFE-03) with --status-fd records verdict busy"),
-    Case("TEN-08", "A reader of a slot's files never follows what the cell planted",
-         "chv-cell read --slot A of cell A's links to slot B's file and to /etc/shadow and of its FIFO: each "
-         "refused (exit 65) at once, none of their text on stdout",
-         "a regular file cell A wrote reads back"),
-    Case("TEN-09", "Each slot's workspace and home are the slot's own",
-         "cell A's and B's workspace and home are owned by the slot's uid_base (user and group), mode 0700",
-         "the directories are there and cell A wrote its workspace"),
-    Case("LIFE-01", "Nothing is left after the cells exit",
-         "no cell record, host interface or machine of the audit's slots after the runs",
-         "while cell B ran, its record and interface existed"),
-    Case("LIFE-02", "Consecutive runs all start",
-         "--runs cells one after the other in one slot, each exit 0",
-         "the first of them ran"),
-    Case("LIFE-03", "All slots at once, then one more is refused as busy",
-         "with a cell in every slot, one more run with --timeout 1 exits 75",
-         "every slot's cell ran at the same time"),
-    Case("LIFE-04", "A SIGKILLed launcher leaves its slot claimable",
-         "after SIGKILL of a launcher, a new run in its slot exits 0",
-         "the killed launcher's cell had started"),
-    Case("LIM-01", "The wall-clock limit stops a cell (exit 124)",
-         "--runtime-max 1 -- sleep 30 exits 124",
-         "--runtime-max 30 -- true exits 0"),
-    Case("LIM-02", "The task limit (TasksMax) is enforced", "start TasksMax + 16 threads in a cell", "start 4 threads"),
-]
-BY_ID = dict((c.id, c) for c in CASES)
-# the cases of _lifecycle (not run by a counter-proof run, which probes the cells only)
-LIFECYCLE_CASES = ("LIFE-02", "LIFE-03", "LIFE-04", "LIM-01", "LIM-02", "TEN-07")
-
-
-# ------------------------------------------------------------- verdicts
-
-def _result(verdict: str, probe_ev: str, control_ev: str) -> Result:
-    return {"verdict": verdict, "probe": probe_ev, "control": control_ev}
-
-
-def pair(probe_ok: object, probe_ev: str, control_ok: object, control_ev: str) -> Result:
-    """pass when the probe was stopped; error, whatever the probe did,
-    when the control did not succeed."""
-    if not control_ok:
-        return _result("error", probe_ev, "CONTROL FAILED: %s" % control_ev)
-    return _result("pass" if probe_ok else "fail", probe_ev, control_ev)
-
-
-def skip(requirement: str) -> Result:
-    return _result("skip", "needs %s" % requirement, "")
-
-
-def _caps(hexmask: Any) -> Optional[Set[str]]:
-    try:
-        value = int(hexmask, 16)
-    except (TypeError, ValueError):
-        return None
-    return set(name for bit, name in enumerate(policymod.CAP_NAMES) if value >> bit & 1)
-
-
-def _denied(result: str) -> bool:
-    return result not in ("ok",)
-
-
-def _dropped(result: str) -> bool:
-    return result in DROPPED
-
-
-def judge(facts: Facts) -> Dict[str, Result]:
-    """Every case's verdict from the facts of one run (the cells' reports
-    and the guest's observations). Returns {case id: result}."""
-    out: Dict[str, Result] = {}
-    a, g = facts.get("a"), facts["guest"]
-    if a is None:
-        # nothing was proven: every case is an error, the lifecycle ones too (not run)
-        why = "cell A did not run: %s" % facts.get("a_error", "no report")
-        return dict((c.id, _result("error", "", "CONTROL FAILED: %s" % why)) for c in CASES)
-    out.update(_judge_cell(facts, a, g))
-    out.update(_judge_life(facts, g))
-    return out
-
-
-def _judge_cell(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
-    out: Dict[str, Result] = {}
-    rd, wr, k = a["read"], a["write"], a["kernel"]
-    ws_ok = wr.get("workspace") == "ok" and g.get("workspace_write_seen") is True
-    ws_ev = "cell: %s, guest sees it: %s" % (wr.get("workspace"), g.get("workspace_write_seen"))
-    if "etc_chv" in rd:
-        out["FS-01"] = pair(_denied(rd["etc_chv"]), "read: %s" % rd["etc_chv"],
-                            rd.get("os_release") == "ok" and g.get("etc_chv_readable"),
-                            "os-release: %s, guest reads it: %s" % (rd.get("os_release"), g.get("etc_chv_readable")))
-    else:
-        out["FS-01"] = skip("/etc/chv on the guest")
-    out["FS-02"] = pair(_denied(rd["credentials"]), "read: %s" % rd["credentials"], rd["ordinary"] == "ok",
-                        "the other file: %s" % rd["ordinary"])
-    if "other_workspace" in rd:
-        out["FS-03"] = pair(_denied(rd["other_workspace"]), "read: %s" % rd["other_workspace"],
-                            rd["own_workspace"] == "ok", "own /workspace file: %s" % rd["own_workspace"])
-    else:
-        out["FS-03"] = skip("a second slot")
-    if "other_shots" in rd:
-        out["FS-04"] = pair(_denied(rd["other_shots"]), "read: %s" % rd["other_shots"], rd["own_shots"] == "ok",
-                            "own /run/chv/shots file: %s" % rd["own_shots"])
-    else:
-        out["FS-04"] = skip(facts.get("shots_skip", "chv-browser's screenshots directory"))
-    hidden = dict((key[len("hidden:"):], v) for key, v in rd.items() if key.startswith("hidden:"))
-    if hidden:
-        out["FS-05"] = pair(all(_denied(v) for v in hidden.values()),
-                            ", ".join("%s: %s" % kv for kv in sorted(hidden.items())),
-                            rd.get("env") == "ok", "/usr/bin/env: %s (the guest has each path)" % rd.get("env"))
-    else:
-        out["FS-05"] = skip("a path of chv_cell_inaccessible that exists on the guest")
-    out["FS-06"] = pair(_denied(rd["state_dir"]), "list: %s" % rd["state_dir"], rd["run_chv"] == "ok",
-                        "list /run/chv: %s" % rd["run_chv"])
-    out["FS-07"] = pair(_denied(wr["usr"]), "create: %s" % wr["usr"], ws_ok, ws_ev)
-    out["FS-08"] = pair(g.get("etc_write_seen") is False, "cell: %s, on the guest: %s"
-                        % (wr["etc"], "present" if g.get("etc_write_seen") else "absent"), ws_ok, ws_ev)
-    trusted = dict((key[len("trusted:"):], v) for key, v in wr.items() if key.startswith("trusted:"))
-    changed = g.get("trusted_changed", [])
-    out["FS-09"] = pair(all(_denied(v) for v in trusted.values()) and not changed,
-                        ", ".join("%s: %s" % kv for kv in sorted(trusted.items()))
-                        + "; changed on the guest: %s" % (", ".join(changed) or "none"), ws_ok, ws_ev)
-
-    slot_a = facts["slot_a"]
-    umap = a["uid_map"]
-    out["ID-01"] = pair(umap[:1] == ["0"] and umap[1:2] == [str(slot_a["uid_base"])] and slot_a["uid_base"] > 0,
-                        "uid_map %s, slot uid_base %d" % (" ".join(umap), slot_a["uid_base"]),
-                        a["uid"] == 0, "uid in the cell: %s" % a["uid"])
-    b = facts.get("b")
-    if facts.get("slot_b") is None:
-        out["ID-02"] = skip("a second slot")
-    else:
-        bmap = (b or {}).get("uid_map", [])
-        ranges: List[Tuple[int, int]] = []
-        for m in (umap, bmap):
-            if len(m) >= 3:
-                ranges.append((int(m[1]), int(m[1]) + int(m[2])))
-        disjoint = len(ranges) == 2 and (ranges[0][1] <= ranges[1][0] or ranges[1][1] <= ranges[0][0])
-        out["ID-02"] = pair(disjoint, "A %s, B %s" % (" ".join(umap), " ".join(bmap)), b is not None,
-                            "cell B ran: %s" % (b is not None))
-    dropped = set(facts["policy"]["drop_capabilities"])
-    for cid, field in (("ID-03", "CapEff"), ("ID-04", "CapBnd")):
-        have = _caps(a.get(field))
-        kept = sorted(dropped & have) if have is not None else ["unreadable"]
-        out[cid] = pair(not kept, "%s %s; dropped ones present: %s" % (field, a.get(field), ", ".join(kept) or "none"),
-                        have is not None and "CAP_CHOWN" in have and "CAP_CHOWN" not in dropped,
-                        "CAP_CHOWN in %s: %s" % (field, have is not None and "CAP_CHOWN" in have))
-    out["ID-05"] = pair(a["NoNewPrivs"] == "1", "NoNewPrivs %s" % a["NoNewPrivs"], a["NoNewPrivs"] in ("0", "1"),
-                        "field present")
-    out["ID-06"] = pair(k["io_uring_setup"] == "EPERM", "io_uring_setup: %s" % k["io_uring_setup"],
-                        k["syscall_getpid"] == "ok", "getpid: %s" % k["syscall_getpid"])
-    for cid, probe_key, control_key in (("ID-07", "unshare_user", "unshare_none"), ("ID-08", "mount_tmpfs", "mkdir"),
-                                        ("ID-09", "mknod_chr", "mkfifo"), ("ID-10", "raw_socket", "dgram_socket"),
-                                        ("ID-11", "ptrace_guest", "kill0_own_child")):
-        out[cid] = pair(_denied(k[probe_key]), "%s: %s" % (probe_key, k[probe_key]), k[control_key] == "ok",
-                        "%s: %s" % (control_key, k[control_key]))
-    ns_probe = [k["nsenter_guest"]["rc"] not in (0, None), k["nsenter_init"]["rc"] not in (0, None),
-                _denied(k["setns_own"]), _denied(k["open_guest_ns"])]
-    out["ID-12"] = pair(all(ns_probe), "nsenter guest: rc %s %s; nsenter 1: rc %s %s; setns: %s; open guest ns: %s"
-                        % (k["nsenter_guest"]["rc"], k["nsenter_guest"]["err"][:80], k["nsenter_init"]["rc"],
-                           k["nsenter_init"]["err"][:80], k["setns_own"], k["open_guest_ns"]),
-                        k["nsenter_version"]["rc"] == 0 and k["open_own_ns"] == "ok",
-                        "nsenter --version: rc %s; own ns: %s" % (k["nsenter_version"]["rc"], k["open_own_ns"]))
-    out["ID-13"] = pair(k["marker_seen"] == [] and _denied(k["kill0_guest"]),
-                        "marked process seen: %s; kill(pid, 0): %s" % (k["marker_seen"] or "no", k["kill0_guest"]),
-                        k["own_pid_listed"] and g.get("marker_alive") is True,
-                        "own pid listed: %s; guest sees the marked process: %s"
-                        % (k["own_pid_listed"], g.get("marker_alive")))
-    for cid, probe_key, control_key in (("ID-14", "ip_addr_add", "ip_addr_show"),
-                                        ("ID-15", "ip_route_add", "ip_route_show")):
-        tried = k[probe_key]
-        out[cid] = pair(tried["rc"] not in (0, None), "%s: rc %s %s" % (probe_key, tried["rc"], tried["err"][:80]),
-                        k[control_key]["rc"] == 0, "%s: rc %s" % (control_key, k[control_key]["rc"]))
-    out.update(_judge_net(facts, a, g))
-    out.update(_judge_ipc(facts, a, g))
-    out.update(_judge_brw(facts, a, g))
-    out.update(_judge_ten(facts, a, g))
-    return out
-
-
-def _judge_net(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
-    out: Dict[str, Result] = {}
-    tcp = a["tcp"]
-    neigh_ok = "lladdr" in a.get("neigh_out", "")
-    moved = g.get("counters_moved") or {}
-
-    def dropped_here(cid: str, results: List[str]) -> Tuple[bool, str]:
-        """Every connect timed out and the case's own drop counter moved."""
-        name = DROP_COUNTERS[cid]
-        ok = bool(results) and all(_dropped(r) for r in results) and moved.get(name, 0) > 0
-        return ok, "; %s +%d" % (name, moved.get(name, 0))
-    allow = [key for key in tcp if key.startswith("allow:")]
-    if allow:
-        out["NET-01"] = pair(all(tcp[key].startswith("connected") for key in allow),
-                             ", ".join("%s: %s" % (key[6:], tcp[key]) for key in allow),
-                             all(g["reach"].get(key[6:], "").startswith("connected") for key in allow),
-                             "guest: %s" % ", ".join("%s: %s" % (key[6:], g["reach"].get(key[6:])) for key in allow))
-    else:
-        out["NET-01"] = skip("--allow HOST:PORT, a destination cells may reach")
-    b = facts.get("b")
-    if facts.get("slot_b") is None:
-        out["NET-02"] = skip("a second slot")
-    else:
-        result = tcp.get("cell_b", "not probed")
-        ok, ev = dropped_here("NET-02", [result])
-        out["NET-02"] = pair(ok, "to cell B: %s%s" % (result, ev),
-                             b is not None and b.get("self", "").startswith("connected"),
-                             "cell B to itself: %s" % (b or {}).get("self", "cell B did not run"))
-    guest = [key for key in tcp if key.startswith("guest:")]
-    # cell A's own gateway exists only while A runs: its control is the
-    # gateway's ARP answer to A (the listener is bound to every address)
-    own_gw = "guest:" + facts["slot_a"]["gateway"]
-    reached = [key for key in guest if key != own_gw]
-    ok, ev = dropped_here("NET-03", [tcp[key] for key in guest])
-    out["NET-03"] = pair(ok, ", ".join("%s: %s" % (key[6:], tcp[key]) for key in guest) + ev,
-                         neigh_ok and all(g["reach"].get(key[6:], "").startswith("connected") for key in reached),
-                         "cell A's gateway answers ARP: %s; the guest reaches the listener on %s"
-                         % (a.get("neigh_out") or "no", ", ".join("%s: %s" % (key[6:], g["reach"].get(key[6:]))
-                                                                  for key in reached) or "no other address"))
-    if "metadata" in tcp:
-        ok, ev = dropped_here("NET-04", [tcp["metadata"]])
-        out["NET-04"] = pair(ok, "%s: %s%s" % (METADATA, tcp["metadata"], ev),
-                             g["reach"].get("metadata", "").startswith("connected"),
-                             "guest: %s" % g["reach"].get("metadata"))
-    else:
-        out["NET-04"] = skip("--metadata-stand-in (the audit adds %s to the guest's loopback for the run)" % METADATA)
-    deny = [key for key in tcp if key.startswith("deny:")]
-    if deny:
-        ok, ev = dropped_here("NET-05", [tcp[key] for key in deny])
-        out["NET-05"] = pair(ok, ", ".join("%s: %s" % (key[5:], tcp[key]) for key in deny) + ev,
-                             all(g["reach"].get(key[5:], "").startswith("connected") for key in deny),
-                             "guest: %s" % ", ".join("%s: %s" % (key[5:], g["reach"].get(key[5:])) for key in deny))
-    else:
-        out["NET-05"] = skip("--deny HOST:PORT, a destination the egress policy denies that the guest reaches")
-    v6 = a["tcp6"]
-    out["NET-06"] = pair(bool(v6) and not any(r.startswith("connected") for r in v6.values()),
-                         ", ".join("[%s]: %s" % kv for kv in sorted(v6.items())), neigh_ok,
-                         "IPv4 gateway ARP: %s" % (a.get("neigh_out") or "none"))
-    resolv = a.get("resolv", "")
-    servers = [line.split()[1] for line in resolv.splitlines() if line.startswith("nameserver") and len(line.split()) > 1]
-    out["NET-07"] = pair("127.0.0.53" not in servers, "nameservers: %s" % (", ".join(servers) or "none"),
-                         bool(servers), "resolv.conf lists %d resolver(s)" % len(servers))
-    return out
-
-
-def _answer(reply: Facts) -> Any:
-    """The broker's JSON reply of a client run, or None."""
-    try:
-        return json.loads(reply.get("out") or "null")
-    except ValueError:
-        return None
-
-
-def _judge_ipc(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
-    if "broker" not in a:
-        return dict((cid, skip("chv-broker's client (--broker-client)"))
-                    for cid in ("IPC-01", "IPC-02", "IPC-03", "IPC-04"))
-    br = a["broker"]
-    ping = _answer(br["ping"]) or {}
-    pinged = ping.get("ok") is True
-    ping_ev = "cell ping: %s" % (br["ping"]["out"] or br["ping"]["err"])
-    out: Dict[str, Result] = {"IPC-01": pair(pinged, ping_ev, os.path.exists(facts["broker_client"]), "client %s" % facts["broker_client"])}
-    for cid, key in (("IPC-02", "broker_root"), ("IPC-03", "broker_cell_uid")):
-        reply = g.get(key, {})
-        answer = _answer(reply) or {}
-        out[cid] = pair(answer.get("ok") is False, "reply: %s" % (reply.get("out") or reply.get("err")), pinged,
-                        ping_ev)
-    unknown = _answer(br["unknown"]) or {}
-    after = _answer(br["ping_after"]) or {}
-    out["IPC-04"] = pair(unknown.get("ok") is False, "reply: %s" % br["unknown"]["out"], after.get("ok") is True,
-                         "ping after: %s" % br["ping_after"]["out"])
-    return out
-
-
-BRW_CASES = ("BRW-01", "BRW-02", "BRW-03", "BRW-04")
-
-
-def _judge_brw(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
-    br = a.get("browser")
-    if br is None or br.get("allowed") is None:
-        why = "--allow-url URL, a page cells may open through chv-browser (and chv-broker's client)"
-        return dict((cid, skip(why)) for cid in BRW_CASES)
-    ctl = _answer(br["allowed"]) or {}
-    if "unknown or disabled op" in str(ctl.get("error", "")):
-        return dict((cid, skip("chv-browser (this guest's broker has no browser op)")) for cid in BRW_CASES)
-    result: Any = ctl.get("result") if isinstance(ctl.get("result"), dict) else {}
-    snapshot = str(result.get("aria_snapshot", ""))
-    ctl_ok = ctl.get("ok") is True and bool(snapshot)
-    ctl_ev = "allowed page: %s" % (("title %r, %d characters of snapshot" % (result.get("title"), len(snapshot)))
-                                   if ctl_ok else (br["allowed"]["out"] or br["allowed"]["err"])[-200:])
-    moved = g.get("counters_moved") or {}
-    cell_a = facts["slot_a"]["address"]
-    doors = [s for s in g.get("listener_seen", []) if s["peer"] != cell_a]  # a cell's own arrival is NET's
-
-    def refused(keys: List[str]) -> Tuple[bool, str]:
-        replies = dict((key, _answer(br["denied"][key]) or {}) for key in keys)
-        ok = bool(keys) and all(r.get("ok") is False for r in replies.values())
-        return ok, ", ".join("%s: %s" % (key.split(":", 1)[-1], "refused: %s" % str(r.get("error", ""))[:60]
-                                         if r.get("ok") is False else "OPENED" if r.get("ok") else "no reply")
-                             for key, r in sorted(replies.items()))
-    out: Dict[str, Result] = {}
-    guest = [key for key in br["denied"] if key.startswith("guest:")]
-    ok, ev = refused(guest)
-    arrived = [s["local"] for s in doors if s["local"] != METADATA]
-    out["BRW-01"] = pair(ok and not arrived and moved.get("drop_door_to_guest", 0) > 0,
-                         "%s; reached the listener: %s; drop_door_to_guest +%d"
-                         % (ev, ", ".join(arrived) or "nothing", moved.get("drop_door_to_guest", 0)), ctl_ok, ctl_ev)
-    if "metadata" in br["denied"]:
-        ok, ev = refused(["metadata"])
-        arrived = [s["local"] for s in doors if s["local"] == METADATA]
-        out["BRW-02"] = pair(ok and not arrived, "%s; reached the stand-in: %s" % (ev, len(arrived)), ctl_ok, ctl_ev)
-    else:
-        out["BRW-02"] = skip("--metadata-stand-in")
-    if "cell_b" in br["denied"]:
-        ok, ev = refused(["cell_b"])
-        reached = g.get("b_listener_seen")
-        if reached is not None:
-            reached = [peer for peer in reached if peer != cell_a]  # cell A's own arrival is NET-02's
-        b_ok = (facts.get("b") or {}).get("self", "").startswith("connected")
-        out["BRW-03"] = pair(ok and reached == [] and moved.get("drop_door_to_cell", 0) > 0,
-                             "%s; reached cell B: %s; drop_door_to_cell +%d"
-                             % (ev, "unknown" if reached is None else len(reached), moved.get("drop_door_to_cell", 0)),
-                             ctl_ok and b_ok, "%s; cell B to itself: %s" % (ctl_ev, b_ok))
-    else:
-        out["BRW-03"] = skip("a second slot")
-    extra = sorted(set(result) - SNAPSHOT_KEYS)
-    raw = RAW_MARKER in json.dumps(result)
-    out["BRW-04"] = pair(not extra and not raw, "keys: %s; raw HTML in the reply: %s"
-                         % (", ".join(sorted(result)) or "none", "yes" if raw else "no"),
-                         ctl_ok and "chv-audit" in snapshot,
-                         "%s; heading chv-audit in the snapshot: %s" % (ctl_ev, "chv-audit" in snapshot))
-    return out
-
-
-TEN_CELL_CASES = ("TEN-01", "TEN-02", "TEN-03", "TEN-04", "TEN-05", "TEN-06", "TEN-08", "TEN-09")
-
-
-def _reply_text(reply: Facts) -> str:
-    return "%s %s" % (reply.get("out", ""), reply.get("err", ""))
-
-
-def _short(reply: Facts, n: int = 120) -> str:
-    return (reply.get("out") or reply.get("err") or "no reply")[:n]
-
-
-def _snapshot_text(reply: Facts) -> str:
-    """What an open's reply showed: the snapshot's text, or the reply itself."""
-    answer = _answer(reply) or {}
-    result: Any = answer.get("result") if isinstance(answer.get("result"), dict) else {}
-    return (str(result.get("aria_snapshot", "")) or _short(reply, 200))[:200]
-
-
-def _judge_ten(facts: Facts, a: Facts, g: Facts) -> Dict[str, Result]:
-    out: Dict[str, Result] = {}
-    nonce = facts["nonce"]
-    secrets = [marker("bws", nonce), marker("bstate", nonce)]
-    # TEN-01: the sync door
-    sync = a.get("sync")
-    if facts.get("sync_skip"):
-        out["TEN-01"] = skip(facts["sync_skip"])
-    elif sync is None:
-        out["TEN-01"] = _result("error", "", "CONTROL FAILED: the cell ran no sync request (no broker client in it)")
-    else:
-        replies = sync["replies"]
-        clean = _answer(replies.get("clean", {})) or {}
-        if "unknown or disabled op" in str(clean.get("error", "")):
-            out["TEN-01"] = skip("the sync door (this guest's broker has no sync op)")
-        else:
-            hostile = ["packed_refs", "alternates"]
-            answers = dict((k, _answer(replies.get(k, {})) or {}) for k in hostile)
-            leaked = [k for k in hostile if any(m in _reply_text(replies.get(k, {})) for m in secrets)]
-            result: Any = clean.get("result") if isinstance(clean.get("result"), dict) else {}
-            setup_ok = all(sync["setup"].get(k) == "ok" for k in ["clean"] + hostile)
-            out["TEN-01"] = pair(all(answers[k].get("ok") is False for k in hostile) and not leaked,
-                                 "; ".join("%s: %s" % (k, ("refused: %s" % str(answers[k].get("error"))[:90])
-                                                       if answers[k].get("ok") is False else _short(replies.get(k, {})))
-                                           for k in hostile) + "; slot B's text in a reply: %s" % (leaked or "none"),
-                                 clean.get("ok") is True and result.get("returncode") == 0 and setup_ok and
-                                 g.get("b_files_readable") is True,
-                                 "clean repository: %s; set up: %s; the guest reads slot B's files: %s"
-                                 % ("returncode %s" % result.get("returncode") if clean.get("ok") else
-                                    _short(replies.get("clean", {})),
-                                    ", ".join("%s %s" % kv for kv in sorted(sync["setup"].items())),
-                                    g.get("b_files_readable")))
-    # TEN-02: the door quota
-    quota = a.get("quota")
-    if facts.get("quota_skip"):
-        out["TEN-02"] = skip(facts["quota_skip"])
-    elif quota is None:
-        out["TEN-02"] = _result("error", "", "CONTROL FAILED: the cell did not hold the door (no broker client in it)")
-    else:
-        limit = int(g["quota"]["max_connections_per_slot"])
-        name = facts["slot_a"]["name"]
-        replies = quota.get("replies", [])
-        past = replies[limit:]
-        refused = len(past) == QUOTA_EXTRA and all(
-            "busy: slot %s " % name in r and "max_connections_per_slot" in r for r in past)
-        b_ping = g.get("quota_b_ping") or {}
-        b_answer = _answer(b_ping) or {}
-        after = _answer(quota.get("ping_after") or {}) or {}
-        held = replies[:limit] == ["idle"] * limit and quota.get("still_held") == limit and quota.get("go") is True
-        out["TEN-02"] = pair(refused and b_answer.get("ok") is True,
-                             "past the quota of %d: %s; slot B's ping while A held it: %s"
-                             % (limit, " | ".join(r[:110] for r in past) or "none", _short(b_ping) if b_ping else
-                                g.get("quota_relay_error", "not sent")),
-                             held and after.get("ok") is True,
-                             "A's first %d connections admitted: %s, still held when B pinged: %s of %d; A's ping "
-                             "after letting go: %s (attempt %s)" % (limit, replies[:limit] == ["idle"] * limit,
-                                                                    quota.get("still_held"), limit,
-                                                                    _short(quota.get("ping_after") or {}),
-                                                                    quota.get("ping_attempts")))
-    # TEN-03: the browser between two runs of a slot
-    br = a.get("browser")
-    cookie = a.get("cookie")
-    if br is None or br.get("allowed") is None or cookie is None:
-        out["TEN-03"] = skip("--allow-url URL, a page cells may open through chv-browser (and chv-broker's client)")
-    elif "unknown or disabled op" in str((_answer(br["allowed"]) or {}).get("error", "")):
-        out["TEN-03"] = skip("chv-browser (this guest's broker has no browser op)")
-    else:
-        sent = cookie_sent(nonce)
-        second = _answer(cookie[1]) or {}
-        run2 = facts.get("run2")
-        shown = sent in _reply_text(cookie[1]) and second.get("ok") is True
-        if run2 is None:
-            out["TEN-03"] = _result("error", "", "CONTROL FAILED: run 2 of slot A: %s; run 1 showed the cookie: %s"
-                                    % (facts.get("run2_error", "did not run"), shown))
-        else:
-            snap = _answer(run2["snapshot"]) or {}
-            opened = _answer(run2["open"]) or {}
-            kept = [k for k in ("snapshot", "open") if sent in _reply_text(run2[k])]
-            out["TEN-03"] = pair(snap.get("ok") is False and not kept,
-                                 "run 2 snapshot: %s; run 1's cookie in run 2's replies: %s"
-                                 % ("refused: %s" % str(snap.get("error"))[:80] if snap.get("ok") is False
-                                    else "A PAGE: %s" % _short(run2["snapshot"]), kept or "no"),
-                                 shown and opened.get("ok") is True and "chv-audit-cookie" in _reply_text(run2["open"]),
-                                 "run 1's second open shows %s: %s; run 2's open: %s"
-                                 % (sent, shown if shown else "no: %s" % _snapshot_text(cookie[1]),
-                                    "ok" if opened.get("ok") else _short(run2["open"])))
-    # TEN-04: socket families
-    fam = a["kernel"].get("families")
-    if facts.get("families_skip"):
-        out["TEN-04"] = skip(facts["families_skip"])
-    elif fam is None:
-        out["TEN-04"] = _result("error", "", "CONTROL FAILED: the cell did not report its socket families")
-    elif g.get("vsock_guest") not in (None, "ok"):
-        out["TEN-04"] = skip("AF_VSOCK on the guest's kernel (socket and bind on the guest: %s)" % g["vsock_guest"])
-    else:
-        vsock = g.get("vsock_guest") == "ok"
-        tried = dict(fam["denied"])
-        if vsock:
-            tried.update(vsock_bind=fam["vsock_bind"].split(": ")[-1], high_bits=fam["high_bits"])
-        out["TEN-04"] = pair(bool(tried) and all(v == "EAFNOSUPPORT" for v in tried.values()),
-                             ", ".join("%s: %s" % kv for kv in sorted(tried.items())),
-                             all(v == "ok" for v in fam["allowed"].values()) and bool(fam["allowed"]),
-                             "%s; the guest binds AF_VSOCK: %s" % (", ".join("%s: %s" % kv
-                                                                             for kv in sorted(fam["allowed"].items())),
-                                                                   g.get("vsock_guest") or "not tried (allowed)"))
-    # TEN-05: the disk quota
-    disk, gd = a.get("disk"), g.get("disk")
-    if gd is None:
-        out["TEN-05"] = skip("a disk quota in the policy (disk_max, role variable chv_cell_disk_max)")
-    elif disk is None:
-        out["TEN-05"] = _result("error", "", "CONTROL FAILED: the cell did not report its workspace's file system")
-    else:
-        grew = gd.get("image_grew", 0)
-        out["TEN-05"] = pair(disk["size"] <= gd["limit"] and disk["big"] in DISK_FULL and grew == 0,
-                             "file system %d bytes (disk_max %s: %d); fallocate of %d bytes: %s in %ss; the image %s "
-                             "grew by %d bytes" % (disk["size"], gd["disk_max"], gd["limit"], disk["asked"], disk["big"],
-                                                   disk.get("big_seconds"), gd.get("image") or "(none: not a loop "
-                                                   "device)", grew),
-                             disk["small"] == "ok" and gd["own_device"] is True,
-                             "small write: %s; the workspace on a file system of its own: %s"
-                             % (disk["small"], gd["own_device"]))
-    # TEN-06: special-purpose ranges
-    tcp = a["tcp"]
-    if "special" not in tcp:
-        out["TEN-06"] = skip("--special HOST:PORT, a stand-in in a private or special-purpose range that no deny "
-                             "entry or carve-out covers, which the guest reaches")
-    else:
-        moved = (g.get("counters_moved") or {}).get("drop_special_range", 0)
-        door = (br or {}).get("denied", {}).get("special")
-        door_answer: Any = _answer(door) if door else None
-        door_ok = door is None or (door_answer or {}).get("ok") is False
-        out["TEN-06"] = pair(_dropped(tcp["special"]) and moved > 0 and door_ok,
-                             "cell A: %s; drop_special_range +%d; chv-browser for A: %s"
-                             % (tcp["special"], moved, "not asked (no --allow-url)" if door is None else
-                                "refused: %s" % str(door_answer.get("error"))[:60]
-                                if (door_answer or {}).get("ok") is False else "OPENED" if door_answer else "no reply"),
-                             g["reach"].get("special", "").startswith("connected"),
-                             "guest: %s" % g["reach"].get("special"))
-    # TEN-08: chv-cell read of what the cell planted
-    reads, planted = g.get("read") or {}, a.get("plant") or {}
-    words = secrets + list(g.get("shadow_words") or [])
-    hostile = sorted(k for k in reads if k != "file")
-    bad = [k for k in hostile if reads[k]["rc"] != 65 or (reads[k]["seconds"] or 99) > 10 or
-           any(w in reads[k]["out"] for w in words if w)]
-    ctl = reads.get("file") or {}
-    out["TEN-08"] = pair(bool(hostile) and not bad,
-                         "; ".join("%s: exit %s in %ss, %d bytes out"
-                                   % (k, reads[k]["rc"], reads[k]["seconds"], len(reads[k]["out"])) for k in hostile)
-                         or "nothing read",
-                         bool(reads) and all(v == "ok" for v in planted.values()) and ctl.get("rc") == 0 and
-                         ctl.get("out") == marker("read", nonce),
-                         "planted: %s; the regular file: exit %s, %s"
-                         % (", ".join("%s %s" % kv for kv in sorted(planted.items())) or "nothing", ctl.get("rc"),
-                            "its text" if ctl.get("out") == marker("read", nonce) else repr(ctl.get("out", ""))[:60]))
-    # TEN-09: the slot directories
-    dirs = g.get("slot_dirs") or []
-    ok = [d for d in dirs if "error" not in d and d["dir"]]
-    own = [d for d in ok if d["uid"] == d["uid_base"] and d["gid"] == d["uid_base"] and d["mode"] == "0700"]
-    ws_ok = a["write"].get("workspace") == "ok" and g.get("workspace_write_seen") is True
-    out["TEN-09"] = pair(bool(ok) and len(own) == len(ok),
-                         ", ".join("%s %s:%s %s" % (d["path"], d["uid"], d["gid"], d["mode"]) for d in ok),
-                         bool(dirs) and len(ok) == len(dirs) and ws_ok,
-                         "directories: %s; cell A wrote its workspace: %s"
-                         % (", ".join("%s %s" % (d["path"], d.get("error", "ok" if d.get("dir") else "not a directory"))
-                                      for d in dirs) or "none", ws_ok))
-    return out
-
-
-def _judge_life(facts: Facts, g: Facts) -> Dict[str, Result]:
-    out: Dict[str, Result] = {}
-    if g.get("lifecycle") is False:
-        out.update((cid, skip("a run with the lifecycle cases (this run probes the cells only)"))
-                   for cid in LIFECYCLE_CASES)
-    left = g.get("left_behind")
-    out["LIFE-01"] = pair(left == [], "left: %s" % (", ".join(left) if left else "nothing" if left == [] else "unchecked"),
-                          g.get("b_seen_running") is True,
-                          "cell B's record and interface while it ran: %s" % g.get("b_seen_running"))
-    if g.get("lifecycle") is False:
-        return out
-    runs = g.get("runs", [])
-    failed = [(i, rc) for i, rc in enumerate(runs) if rc != 0]
-    out["LIFE-02"] = pair(bool(runs) and not failed, "%d runs, failed: %s" % (len(runs), failed[:5] or "none"),
-                          bool(runs) and runs[0] == 0, "first run: exit %s" % (runs[0] if runs else "not run"))
-    busy = g.get("busy")
-    forged = g.get("forged") or {}
-    record = forged.get("record") or {}
-    if busy is None:
-        out["TEN-07"] = skip(g.get("busy_skip", "every slot idle") + " (the control is LIFE-03's busy run)")
-    else:
-        real = busy.get("extra_record") or {}
-        # a warm cell's launcher cannot tell whether exit is the payload's (verdict unknown): not busy either
-        ran = ("ran", "unknown") if forged.get("warm") else ("ran",)
-        out["TEN-07"] = pair(bool(forged) and record.get("verdict") in ran and record.get("exit") == exits.EXIT_BUSY and
-                             forged.get("write") != "ok",
-                             "status record: %s; the payload's write to the fd: %s"
-                             % (json.dumps(record, sort_keys=True) if record else "none", forged.get("write")),
-                             real.get("verdict") == "busy" and real.get("exit") == exits.EXIT_BUSY,
-                             "LIFE-03's busy run: %s" % (json.dumps(real, sort_keys=True) if real else "no record"))
-    if busy is None:
-        out["LIFE-03"] = skip(g.get("busy_skip", "every slot idle"))
-    else:
-        out["LIFE-03"] = pair(busy["extra_rc"] == exits.EXIT_BUSY, "one more run: exit %s" % busy["extra_rc"],
-                              busy["all_ran"], "cells running at once: %d of %d" % (busy["running"], busy["slots"]))
-    kill = g.get("sigkill", {})
-    out["LIFE-04"] = pair(kill.get("after_rc") == 0, "run after SIGKILL: exit %s" % kill.get("after_rc"),
-                          kill.get("started") is True, "the killed launcher's cell had started: %s" % kill.get("started"))
-    lim = g.get("runtime", {})
-    out["LIM-01"] = pair(lim.get("limited_rc") == exits.EXIT_RUNTIME, "exit %s" % lim.get("limited_rc"),
-                         lim.get("control_rc") == 0, "exit %s" % lim.get("control_rc"))
-    tasks = g.get("tasks")
-    if tasks is None:
-        out["LIM-02"] = skip(g.get("tasks_skip", "TasksMax in the policy"))
-    else:
-        out["LIM-02"] = pair(tasks["started"] < tasks["limit"], "threads started: %s of %s asked, TasksMax %s"
-                             % (tasks["started"], tasks["limit"] + 16, tasks["limit"]), tasks["control"] == 4,
-                             "4 threads: %s started" % tasks["control"])
-    return out
 
 
 def verdict_of(results: Mapping[str, Result], strict_skips: bool = False) -> Tuple[str, int, Dict[str, int]]:
@@ -854,7 +112,7 @@ def report(results: Mapping[str, Result], header: Dict[str, str], strict_skips: 
     for c in CASES:
         if only is not None and c.id not in only:
             continue
-        r = results.get(c.id) or _result("error", "", "CONTROL FAILED: the audit did not reach this case")
+        r = results.get(c.id) or error("the audit did not reach this case")
         cases.append(dict(r, id=c.id, area=c.area, title=c.title))
     return {"verdict": verdict, "exit": code, "counts": counts, "header": header, "cases": cases}
 
@@ -924,9 +182,12 @@ def _sha256(path: str) -> str:
 
 
 def _launcher_hash() -> str:
+    """The digest of the launcher's files and the catalog's (catalog/), which judged the run."""
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for name in sorted(n for n in os.listdir(here) if n.endswith(".py")):
+    names = [n for n in os.listdir(here) if n.endswith(".py")]
+    names += ["catalog/" + n for n in os.listdir(os.path.join(here, "catalog")) if n.endswith(".py")]
+    for name in sorted(names):
         h.update(name.encode() + b"\0" + _sha256(os.path.join(here, name)).encode())
     return h.hexdigest()
 
@@ -1072,6 +333,16 @@ def _run_cell(policy_path: str, slot: str, payload: List[str], timeout: float,
     return p.returncode, p.stdout, p.stderr
 
 
+def _cell_report(rc: int, out: str, err: str, keep: int) -> Tuple[Optional[Facts], str]:
+    """The report of an audit_probe.py run in a cell (its last line of
+    output, JSON), or None and why (the last ``keep`` characters it wrote)."""
+    try:
+        rep = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
+    except (ValueError, IndexError):
+        rep = None
+    return rep, "" if rep is not None else "chv-cell run exited %s: %s" % (rc, (err or out).strip()[-keep:])
+
+
 def _record_exists(pol: policymod.Policy, slot: policymod.Slot) -> bool:
     return os.path.exists(argvmod.cell_paths(pol, slot)["record"])
 
@@ -1145,11 +416,6 @@ class Fixtures(object):
         return []
 
 
-def hidden_paths(pol: policymod.Policy) -> List[str]:
-    """The inaccessible paths of FS-05: all but those of FS-01, FS-02 and FS-04."""
-    return [p for p in pol["inaccessible"] if p not in ("/etc/chv", SHOTS_DIR) and not p.endswith("/.git-credentials")]
-
-
 def _broker_as(client: str, uid: Optional[int] = None) -> Facts:
     kwargs: Dict[str, Any] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
     try:
@@ -1216,7 +482,7 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
     write["usr"] = "/usr/%s" % mark
     write["etc"] = "/etc/%s" % mark
     here = os.path.dirname(os.path.abspath(__file__))
-    trusted = [policy_path, os.path.join(here, "runner.py"), os.path.join(here, "policy.py")]
+    trusted = [policy_path] + [os.path.join(here, name) for name in ("launcher.py", "runner.py", "checks.py", "policy.py")]
     if opts["broker_client"]:
         trusted.append(os.path.join(os.path.dirname(opts["broker_client"]), "peer.py"))
     trusted = [p for p in trusted + list(opts["trusted"]) if os.path.isfile(p)]
@@ -1263,6 +529,8 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
         request["browser"] = {"allowed": opts["allow_url"], "denied": denied}
         request["cookie"] = cookie_url(opts["allow_url"], nonce)
     _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark)
+    if opts.get("probes") is not None:
+        compose(request, opts["probes"])
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "audit_probe.py")
     # cell B first: its listener, its uid_map and its control
     b_proc = None
@@ -1318,12 +586,9 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
     if counters_before is not None and counters_after is not None:
         g["counters_moved"] = dict((name, n - counters_before.get(name, 0)) for name, n in counters_after.items()
                                    if n != counters_before.get(name, 0))
-    try:
-        facts["a"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
-    except (ValueError, IndexError):
-        facts["a"] = None
+    facts["a"], why = _cell_report(rc, out, err, 600)
     if facts["a"] is None:
-        facts["a_error"] = "chv-cell run exited %s: %s" % (rc, (err or out).strip()[-600:])
+        facts["a_error"] = why
     if b_proc is not None:
         with open(done, "w"):
             pass
@@ -1348,14 +613,27 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
         g["broker_cell_uid"] = _broker_as(request["broker_client"], uid_a)
 
 
+# the keys of cell A's request that only a section of its report reads (the others every section may read)
+SECTION_KEYS = {"browser": ("browser",), "cookie": ("cookie",), "sync": ("sync",), "quota": ("quota",),
+                "disk": ("disk",), "plant": ("plant",), "kernel": ("families",)}
+
+
+def compose(request: Facts, probes: Iterable[str]) -> None:
+    """Cell A's request for the sections ``probes`` only (those the cases
+    of a --case run read): what no such case needs is neither asked in the
+    cell nor, for the doors' and the second run's, prepared on the guest."""
+    wanted = set(probes)
+    request["probes"] = sorted(wanted)
+    for section, keys in SECTION_KEYS.items():
+        if section not in wanted:
+            for key in keys:
+                request.pop(key, None)
+
+
 def cookie_url(allow_url: str, nonce: str) -> str:
     """The Listener's cookie page (TEN-03) on the --allow-url's host."""
     scheme, dummy, rest = allow_url.partition("://")
     return "%s://%s%s?v=%s" % (scheme, rest.split("/", 1)[0], COOKIE_PATH, nonce)
-
-
-def cookie_sent(nonce: str) -> str:
-    return "%s=%s-kept" % (COOKIE_NAME, nonce)
 
 
 def broker_limits(path: str = BROKER_CONFIG) -> Facts:
@@ -1367,7 +645,11 @@ def broker_limits(path: str = BROKER_CONFIG) -> Facts:
             cfg = json.load(fh)
     except (OSError, ValueError):
         pass
-    out = dict((k, cfg.get(k, v)) for k, v in BROKER_DEFAULTS.items())
+    try:  # chv-broker's defaults, installed beside the launcher with chv-broker
+        from ..broker.config import DEFAULTS  # noqa: PLC0415 (only the audit needs them)
+    except ImportError:
+        DEFAULTS = {}
+    out = dict((k, cfg.get(k, DEFAULTS.get(k))) for k in BROKER_LIMITS)
     out["config"] = path if cfg else "%s (not readable: the defaults)" % path
     return out
 
@@ -1496,7 +778,7 @@ def _after_cell_a(pol: policymod.Policy, policy_path: str, launch: str, slot_a: 
     of slot A (TEN-03)."""
     g = facts["guest"]
     g["read"] = dict((name, _read_slot(policy_path, slot_a["name"], path))
-                     for name, (dummy, path, dummy2) in sorted(request["plant"].items()))
+                     for name, (dummy, path, dummy2) in sorted(request.get("plant", {}).items()))
     try:
         with open("/etc/shadow") as fh:
             g["shadow_words"] = [line.split(":", 1)[0] + ":" for line in fh if line.strip()][:3]
@@ -1506,12 +788,9 @@ def _after_cell_a(pol: policymod.Policy, policy_path: str, launch: str, slot_a: 
         run2 = {"broker_client": request["broker_client"], "cookie": request["cookie"]}
         rc, out, err = _run_cell(launch, slot_a["name"], ["python3", "-I", script, "in-cell-run2", json.dumps(run2)],
                                  opts["timeout"])
-        try:
-            facts["run2"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
-        except (ValueError, IndexError):
-            facts["run2"] = None
+        facts["run2"], why = _cell_report(rc, out, err, 300)
         if facts["run2"] is None:
-            facts["run2_error"] = "chv-cell run exited %s: %s" % (rc, (err or out).strip()[-300:])
+            facts["run2_error"] = why
 
 
 STATUS_FD = "{status-fd}"
@@ -1659,16 +938,17 @@ def run(policy_path: str, opts: Facts) -> Facts:
              "broker_client": opts["broker_client"] or ""}
     fix = Fixtures()
     kept: List[str] = []
+    # --case: cell A runs the sections of its probes that the named cases
+    # read (one run gathers them all), the lifecycle runs only for a case of
+    # its own; the cases named are judged and reported
+    cases = list(opts.get("cases") or [])
+    probes = sorted(set(p for cid in cases for p in BY_ID[cid].probes)) if cases else None
     try:
-        _cell_probes(pol, policy_path, slot_a, slot_b, opts, fix, facts)
+        _cell_probes(pol, policy_path, slot_a, slot_b, dict(opts, probes=probes), fix, facts)
     finally:
         # --keep: the fixtures the cells read and wrote stay for inspection
         # (their paths in the report's header); the audit's processes end
         kept = fix.cleanup(keep_files=bool(opts.get("keep")))
-    # --case: the cells' probes run whole (one run gathers every cell case's
-    # facts), the lifecycle runs only for a case of its own; the report has
-    # the named cases only
-    cases = list(opts.get("cases") or [])
     lifecycle = bool(opts.get("lifecycle", True)) and (not cases or bool(set(cases) & set(LIFECYCLE_CASES)))
     if facts.get("a") is not None and lifecycle:
         _lifecycle(pol, policy_path, slot_a, opts, facts)
@@ -1676,9 +956,7 @@ def run(policy_path: str, opts: Facts) -> Facts:
     audited = [slot_a] + ([slot_b] if slot_b else [])
     _wait(lambda: not _left_behind(pol, audited), 10)
     facts["guest"]["left_behind"] = _left_behind(pol, audited)
-    results = judge(facts)
-    if cases:
-        results = dict((cid, r) for cid, r in results.items() if cid in cases)
+    results = judge(facts, cases or None)
     head = header(policy_path, opts.get("labels", {}))
     if opts.get("keep"):
         head["kept"] = " ".join(kept)

@@ -303,38 +303,51 @@ def _browser(client: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
             "denied": dict((key, open_url(url)) for key, url in sorted(spec["denied"].items()))}
 
 
+# The sections of cell A's report (each the key of its results), run when
+# the request's "probes" names them (every one when it names none): the
+# cases of a run name theirs (catalog/, Case.probes).
+SECTIONS = ("read", "write", "kernel", "tcp", "tcp6", "disk", "plant", "broker", "browser", "cookie", "sync", "quota")
+
+
 def in_cell(req: Mapping[str, Any]) -> Dict[str, Any]:
     """Cell A: every probe and control of the request; returns the report."""
+    want = set(req["probes"] if "probes" in req else SECTIONS)
     out: Dict[str, Any] = {"uid": os.getuid(), "pid": os.getpid(), "uid_map": _read("/proc/self/uid_map").decode().split()}
     status = dict(line.split(":", 1) for line in _read("/proc/self/status").decode().splitlines() if ":" in line)
     for key in ("CapEff", "CapBnd", "NoNewPrivs"):
         out[key] = status.get(key, "").strip()
-    out["read"] = {k: _try(lambda p=p: _read_any(p)) for k, p in req["read"].items()}
-    out["write"] = {k: _try(lambda p=p: _write(p)) for k, p in req["write"].items()}
-    out["kernel"] = _kernel_probes(req)
-    out["tcp"] = connect_all(req["tcp"])
-    out["tcp6"] = connect_all(req["tcp6"], socket.AF_INET6)
+    if "read" in want:
+        out["read"] = {k: _try(lambda p=p: _read_any(p)) for k, p in req["read"].items()}
+    if "write" in want:
+        out["write"] = {k: _try(lambda p=p: _write(p)) for k, p in req["write"].items()}
+    if "kernel" in want:
+        out["kernel"] = _kernel_probes(req)
+    if "tcp" in want:
+        out["tcp"] = connect_all(req["tcp"])
+    if "tcp6" in want:
+        out["tcp6"] = connect_all(req["tcp6"], socket.AF_INET6)
     out["neigh_out"] = subprocess.run([req["ip"], "neigh", "show", req["gateway"]], capture_output=True, text=True,
                                       check=False).stdout.strip()
     try:
         out["resolv"] = _read("/etc/resolv.conf").decode()
     except OSError as exc:
         out["resolv"] = _errname(exc)
-    if req.get("disk"):
+    if req.get("disk") and "disk" in want:
         out["disk"] = disk_probe(req["disk"])
-    if req.get("plant"):
+    if req.get("plant") and "plant" in want:
         out["plant"] = plant(req["plant"])
-    if req.get("broker_client"):
-        out["broker"] = _broker(req["broker_client"])
-        if req.get("browser"):
-            out["browser"] = _browser(req["broker_client"], req["browser"])
-        if req.get("cookie"):
-            out["cookie"] = [_ask(req["broker_client"], {"op": "browser", "action": "open", "url": req["cookie"]},
-                                  keep=20000) for dummy in range(2)]
-        if req.get("sync"):
-            out["sync"] = sync_probe(req["broker_client"], req["sync"])
-        if req.get("quota"):
-            out["quota"] = quota_probe(req["broker_client"], req["quota"])
+    client = req.get("broker_client")
+    if client and "broker" in want:
+        out["broker"] = _broker(client)
+    if client and req.get("browser") and "browser" in want:
+        out["browser"] = _browser(client, req["browser"])
+    if client and req.get("cookie") and "cookie" in want:
+        out["cookie"] = [_ask(client, {"op": "browser", "action": "open", "url": req["cookie"]}, keep=20000)
+                         for dummy in range(2)]
+    if client and req.get("sync") and "sync" in want:
+        out["sync"] = sync_probe(client, req["sync"])
+    if client and req.get("quota") and "quota" in want:
+        out["quota"] = quota_probe(client, req["quota"])
     return out
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from chv_guest.cell import audit
 from chv_guest.cell import audit_probe
+from chv_guest.cell import catalog
 from chv_guest.cell import counterproof
 from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
@@ -168,6 +169,20 @@ def test_the_catalog_has_at_least_40_cases_with_unique_ids_by_area():
         assert c.title and c.probe and c.control, c.id
 
 
+def test_each_case_is_one_object_in_its_areas_module():
+    """catalog/<area>.py defines the area's cases, judge and loosening with
+    them; the registry lists every area's, in catalog order."""
+    modules = dict((m.__name__.rsplit(".", 1)[1], m) for m in (
+        catalog.fs, catalog.id_, catalog.net, catalog.ipc, catalog.brw, catalog.ten, catalog.life, catalog.lim))
+    assert sorted(modules) == ["brw", "fs", "id", "ipc", "life", "lim", "net", "ten"]
+    assert catalog.CASES == [c for m in modules.values() for c in m.CASES]
+    for name, module in modules.items():
+        for c in module.CASES:
+            assert c.area.lower() == name and c.judge.__module__ == module.__name__, c.id
+            assert c.loosening and (isinstance(c.loosening, str) or c.id in c.loosening.cases), c.id
+    assert audit.CASES is catalog.CASES and audit.BY_ID is catalog.BY_ID
+
+
 def test_a_guest_whose_boundaries_hold_passes_every_case(facts):
     results = audit.judge(facts)
     assert set(results) == set(audit.BY_ID)
@@ -185,38 +200,33 @@ def test_no_report_from_cell_a_makes_every_case_an_error(facts):
     assert (verdict, code, counts["error"]) == ("error", audit.EXIT_ERROR, len(audit.CASES))
 
 
+# cell A's attempts that one case's boundary must refuse: {section of cell A's report: {key: case}};
+# each fails its case when it got through ("ok")
+GOT_THROUGH = {
+    "read": {"etc_chv": "FS-01", "credentials": "FS-02", "other_workspace": "FS-03", "other_shots": "FS-04",
+             "hidden:/usr/lib/chromium": "FS-05", "state_dir": "FS-06"},
+    "write": {"usr": "FS-07", "trusted:/etc/chv-fleet/cell-policy.json": "FS-09"},
+    "kernel": {"io_uring_setup": "ID-06", "unshare_user": "ID-07", "mount_tmpfs": "ID-08", "mknod_chr": "ID-09",
+               "raw_socket": "ID-10", "ptrace_guest": "ID-11", "setns_own": "ID-12", "kill0_guest": "ID-13"},
+}
+# cell A's connects that one case's drop must stop: {key of cell A's tcp report: case}; each fails its
+# case when it was answered
+ANSWERED = {"cell_b": "NET-02", "guest:10.99.20.2": "NET-03", "metadata": "NET-04", "deny:192.0.2.10:80": "NET-05",
+            "special": "TEN-06"}
 # one loosened boundary: (where in the facts, the value, the one case that must fail)
-PROBE_FAILURES = [
-    (("a", "read", "etc_chv"), "ok", "FS-01"),
-    (("a", "read", "credentials"), "ok", "FS-02"),
-    (("a", "read", "other_workspace"), "ok", "FS-03"),
-    (("a", "read", "other_shots"), "ok", "FS-04"),
-    (("a", "read", "hidden:/usr/lib/chromium"), "ok", "FS-05"),
-    (("a", "read", "state_dir"), "ok", "FS-06"),
-    (("a", "write", "usr"), "ok", "FS-07"),
+PROBE_FAILURES = [(("a", section, key), "ok", case) for section, keys in GOT_THROUGH.items()
+                  for key, case in keys.items()] + \
+    [(("a", "tcp", key), "connected: hello", case) for key, case in ANSWERED.items()] + [
     (("guest", "etc_write_seen"), True, "FS-08"),
-    (("a", "write", "trusted:/etc/chv-fleet/cell-policy.json"), "ok", "FS-09"),
     (("guest", "trusted_changed"), ["/etc/chv-fleet/cell-policy.json"], "FS-09"),
     (("a", "uid_map"), ["0", "0", "65536"], "ID-01"),
     (("a", "NoNewPrivs"), "0", "ID-05"),
-    (("a", "kernel", "io_uring_setup"), "ok", "ID-06"),
     (("a", "kernel", "io_uring_setup"), "ENOSYS", "ID-06"),
-    (("a", "kernel", "unshare_user"), "ok", "ID-07"),
-    (("a", "kernel", "mount_tmpfs"), "ok", "ID-08"),
-    (("a", "kernel", "mknod_chr"), "ok", "ID-09"),
-    (("a", "kernel", "raw_socket"), "ok", "ID-10"),
-    (("a", "kernel", "ptrace_guest"), "ok", "ID-11"),
-    (("a", "kernel", "setns_own"), "ok", "ID-12"),
     (("a", "kernel", "nsenter_guest"), {"rc": 0, "err": ""}, "ID-12"),
     (("a", "kernel", "marker_seen"), [4242], "ID-13"),
-    (("a", "kernel", "kill0_guest"), "ok", "ID-13"),
     (("a", "kernel", "ip_addr_add"), {"rc": 0, "err": ""}, "ID-14"),
     (("a", "kernel", "ip_route_add"), {"rc": 0, "err": ""}, "ID-15"),
     (("a", "tcp", "allow:10.99.20.1:18770"), "TimeoutError", "NET-01"),
-    (("a", "tcp", "cell_b"), "connected: hello", "NET-02"),
-    (("a", "tcp", "guest:10.99.20.2"), "connected: hello", "NET-03"),
-    (("a", "tcp", "metadata"), "connected: hello", "NET-04"),
-    (("a", "tcp", "deny:192.0.2.10:80"), "connected: hello", "NET-05"),
     (("a", "tcp6", "2001:db8::1"), "connected: hello", "NET-06"),
     (("a", "resolv"), "nameserver 127.0.0.53\n", "NET-07"),
     (("guest", "broker_root"), {"rc": 0, "out": '{"ok": true}', "err": ""}, "IPC-02"),
@@ -259,7 +269,6 @@ PROBE_FAILURES = [
     (("a", "disk", "big"), "ok", "TEN-05"),
     (("a", "disk", "size"), 2 << 30, "TEN-05"),
     (("guest", "disk", "image_grew"), 1 << 20, "TEN-05"),
-    (("a", "tcp", "special"), "connected: hello", "TEN-06"),
     (("guest", "counters_moved", "drop_special_range"), 0, "TEN-06"),
     (("a", "browser", "denied", "special"), {"rc": 0, "err": "", "out": '{"ok": true, "result": {}}'}, "TEN-06"),
     (("guest", "forged", "record"), {"exit": 75, "payload_exit": None, "payload_started": False, "slot": None,
@@ -357,22 +366,15 @@ def test_the_listener_serves_the_cookie_page_over_http():
 
 
 def test_the_quota_defaults_are_chv_brokers(tmp_path):
-    import ast
+    from chv_guest.broker.config import DEFAULTS
 
-    from testpaths import ROOT as root
-
-    with open(os.path.join(root, "src", "chv_guest", "broker", "config.py")) as fh:
-        tree = ast.parse(fh.read())
-    defaults = next(n.value for n in tree.body if isinstance(n, ast.Assign) and
-                    getattr(n.targets[0], "id", None) == "DEFAULTS")
-    values = dict((k.value, ast.literal_eval(v)) for k, v in zip(defaults.keys, defaults.values)
-                  if isinstance(k, ast.Constant) and k.value in audit.BROKER_DEFAULTS)
-    assert values == audit.BROKER_DEFAULTS
     cfg = tmp_path / "broker.json"
     cfg.write_text(json.dumps({"max_connections_per_slot": 7}))
     got = audit.broker_limits(str(cfg))
-    assert (got["max_connections_per_slot"], got["read_timeout"]) == (7, 10.0)
-    assert "the defaults" in audit.broker_limits(str(tmp_path / "missing.json"))["config"]
+    assert (got["max_connections_per_slot"], got["read_timeout"]) == (7, DEFAULTS["read_timeout"])
+    missing = audit.broker_limits(str(tmp_path / "missing.json"))
+    assert "the defaults" in missing["config"]
+    assert missing["max_connections_per_slot"] == DEFAULTS["max_connections_per_slot"]
 
 
 def test_cell_a_arriving_at_cell_b_is_net_02s_failure_not_the_doors(facts):
@@ -564,9 +566,12 @@ def test_junit_counts_and_elements(facts, tmp_path):
 
 
 def test_the_docs_carry_the_catalog_as_the_code_has_it():
+    """docs/isolation-cases.md's table is the objects' (hack/isolation_cases_doc.py writes it)."""
     with open(os.path.join(ROOT, "docs", "isolation-cases.md")) as fh:
         doc = fh.read()
-    assert counterproof.catalog_markdown() in doc
+    assert catalog.catalog_markdown() in doc
+    for c in catalog.CASES:
+        assert "| %s | %s | %s | %s | %s |" % (c.id, c.title, c.probe, c.control, c.counter_proof()) in doc, c.id
     for cid, reason in counterproof.NOT_COUNTER_PROVABLE.items():
         assert "none here: %s" % reason in doc, cid
 
@@ -948,14 +953,17 @@ def test_bad_case_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_pol
 ])
 def test_case_reports_the_named_cases_only_and_runs_the_lifecycle_only_for_one_of_its_own(
         monkeypatch, tmp_path, raw_policy, facts, cases, lifecycle_ran):
-    """--case: the cells' probes run (once, whole), the lifecycle only when
-    a lifecycle case is named; the report holds exactly the named cases."""
+    """--case: the cells' probes run once (the sections the named cases
+    read), the lifecycle only when a lifecycle case is named; the report
+    holds exactly the named cases."""
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(raw_policy))
     calls = []
 
     def probes(pol, policy_path, slot_a, slot_b, opts, fix, got):
         calls.append("probes")
+        assert opts["probes"] == (sorted(set(p for cid in cases for p in catalog.BY_ID[cid].probes)) if cases
+                                  else None)
         got.update(dict((k, v) for k, v in facts.items() if k not in ("guest", "policy", "slot_a", "slot_b")))
         got["guest"].update(facts["guest"])
 
@@ -968,6 +976,31 @@ def test_case_reports_the_named_cases_only_and_runs_the_lifecycle_only_for_one_o
     ids = [c["id"] for c in rep["cases"]]
     assert ids == ([c.id for c in audit.CASES if c.id in cases] if cases else [c.id for c in audit.CASES])
     assert sum(rep["counts"].values()) == len(ids)
+
+
+# what every report of cell A has, whatever sections it ran
+CELL_A_ALWAYS = ("uid", "pid", "uid_map", "CapEff", "CapBnd", "NoNewPrivs", "neigh_out", "resolv")
+
+
+@pytest.mark.parametrize("cid", [c.id for c in catalog.CASES])
+def test_each_case_is_judged_from_the_sections_of_cell_as_report_it_names(facts, cid):
+    """A --case run asks cell A for the sections its cases name (Case.probes)
+    only: each case's verdict from those is the verdict from the whole report."""
+    case = catalog.BY_ID[cid]
+    assert set(case.probes) <= set(audit_probe.SECTIONS)
+    whole = case.verdict(copy.deepcopy(facts))
+    facts["a"] = dict((k, v) for k, v in facts["a"].items() if k in CELL_A_ALWAYS + case.probes)
+    assert case.verdict(facts) == whole
+
+
+def test_a_case_run_asks_the_cell_for_its_sections_only():
+    request = {"read": {}, "write": {}, "tcp": {}, "tcp6": {}, "families": {}, "browser": {}, "cookie": "u",
+               "sync": {}, "quota": {}, "disk": "/workspace", "plant": {}, "broker_client": "c"}
+    audit.compose(request, catalog.BY_ID["TEN-03"].probes)
+    assert request["probes"] == ["browser", "cookie"]
+    # the doors' and run 2's requests stay, the sync, quota, disk, plant and families ones go
+    assert sorted(request) == ["broker_client", "browser", "cookie", "probes", "read", "tcp", "tcp6", "write"]
+    assert set(audit.SECTION_KEYS) <= set(audit_probe.SECTIONS)
 
 
 def test_keep_leaves_the_fixture_files_and_still_undoes_the_rest(tmp_path):

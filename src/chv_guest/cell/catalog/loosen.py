@@ -1,0 +1,83 @@
+"""What --counter-proof loosens for a case (counterproof.py runs it): a
+Loosening, and the helpers the areas' modules build theirs from."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# What a loosening reads: "pol" (the policy), "slot_a", "slot_b" (None with one
+# slot) and "opts" (the audit's options). A plain mapping, not a TypedDict: a
+# loosening's needs() is what makes sure "slot_b" is there before its rules()
+# index it, which mypy cannot follow.
+Context = Dict[str, Any]
+# an edit(raw, ctx) of a policy copy; rules(ctx) or elements(ctx): (chain or set, text) pairs
+Edit = Callable[[Dict[str, Any], Context], None]
+Pairs = Callable[[Context], List[Tuple[str, str]]]
+Needs = Callable[[Context], Optional[str]]
+
+
+@dataclass
+class Loosening:
+    """One boundary loosened: ``edit(raw, ctx)`` changes a copy of the raw
+    policy, ``rules(ctx)`` returns (chain, rule) pairs to insert,
+    ``elements(ctx)`` (set, element) pairs to add to the table's sets;
+    ``needs(ctx)`` returns why this guest cannot show it, or None.
+    ``cases`` (and ``name``, when not given) come from the cases that name
+    it (the registry fills them in)."""
+    how: str
+    edit: Optional[Edit] = None
+    rules: Optional[Pairs] = None
+    needs: Optional[Needs] = None
+    elements: Optional[Pairs] = None
+    name: str = ""
+    cases: Tuple[str, ...] = ()
+
+
+def readable_by_others(path: str) -> bool:
+    """Whether a user that owns nothing on the guest (the cell's root, seen
+    from the guest) may read `path`: every directory above it searchable,
+    the path itself readable (and, for a directory, searchable) by others."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    parent = os.path.dirname(path)
+    while parent and parent != "/":
+        try:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(parent)
+    need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(st.st_mode) else 0)
+    return st.st_mode & need == need
+
+
+def without_inaccessible(paths: Callable[[Context], List[str]]) -> Edit:
+    def edit(raw: Dict[str, Any], ctx: Context) -> None:
+        raw["inaccessible"] = [p for p in raw.get("inaccessible", ctx["pol"]["inaccessible"]) if p not in paths(ctx)]
+    return edit
+
+
+def bind(source: Callable[[Context], str], also_accessible: bool = False) -> Edit:
+    def edit(raw: Dict[str, Any], ctx: Context) -> None:
+        src = source(ctx)
+        raw["readonly_binds"] = list(raw.get("readonly_binds", [])) + [{"source": src, "target": src,
+                                                                        "optional": False}]
+        if also_accessible:
+            raw["inaccessible"] = [p for p in raw.get("inaccessible", ctx["pol"]["inaccessible"]) if p != src]
+    return edit
+
+
+def unless(reason: str, test: Callable[[Context], object]) -> Needs:
+    """A needs(): `reason` when test(ctx) is false."""
+    return lambda ctx: None if test(ctx) else reason
+
+
+def a_if(ctx: Context) -> str:
+    """Cell A's host-side interface, which the ruleset loosenings match."""
+    ifname: str = ctx["slot_a"]["host_ifname"]
+    return ifname

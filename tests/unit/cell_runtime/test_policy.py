@@ -279,6 +279,23 @@ def test_agent_keys_default_and_role_shape_valid(raw_policy):
     assert policymod.validate(raw_policy) == []
 
 
+# workspace_aliases the policy refuses: the message, then every alias list that gets it
+WORKSPACE_ALIAS_REFUSALS = [
+    ("workspace_aliases[0]: 'rel/ws' must be an absolute", [["rel/ws"]]),
+    ("workspace_aliases[0]: '/' must be", [["/"]]),
+    ("must be an absolute normalised path", [["/home/chv/w:x"]]),
+    ("inside the system tree /usr", [["/usr/local/ws"]]),
+    ("inside the system tree /run", [["/run/ws"]]),
+    ("inside the system tree /etc", [["/etc"]]),
+    ("collides with workspace_mount /workspace", [["/workspace"], ["/workspace/again"]]),
+    ("collides with tmpfs /tmp", [["/tmp/ws"]]),
+    ("collides with bind target /app", [["/app"], ["/app/sub"]]),
+    ("would hide the agent_state_mount /home/chv", [["/home/chv"], ["/home"]]),
+    ("workspace_aliases[1]: /srv/ws collides with workspace_aliases[0]", [["/srv/ws", "/srv/ws"]]),
+    ("collides with workspace_aliases[0] /srv/ws", [["/srv/ws", "/srv/ws/in"]]),
+]
+
+
 @pytest.mark.parametrize(
     "extra, expected",
     [
@@ -288,21 +305,7 @@ def test_agent_keys_default_and_role_shape_valid(raw_policy):
         ({"agent_home": "/etc/chv"}, "agent_home: '/etc/chv' must be an absolute normalised path outside"),
         ({"agent_home": "/"}, "agent_home: '/' must be"),
         ({"workspace_aliases": "/home/chv/workspace"}, "workspace_aliases: must be a list"),
-        ({"workspace_aliases": ["rel/ws"]}, "workspace_aliases[0]: 'rel/ws' must be an absolute"),
-        ({"workspace_aliases": ["/"]}, "workspace_aliases[0]: '/' must be"),
-        ({"workspace_aliases": ["/home/chv/w:x"]}, "must be an absolute normalised path"),
-        ({"workspace_aliases": ["/usr/local/ws"]}, "inside the system tree /usr"),
-        ({"workspace_aliases": ["/run/ws"]}, "inside the system tree /run"),
-        ({"workspace_aliases": ["/etc"]}, "inside the system tree /etc"),
-        ({"workspace_aliases": ["/workspace"]}, "collides with workspace_mount /workspace"),
-        ({"workspace_aliases": ["/workspace/again"]}, "collides with workspace_mount /workspace"),
-        ({"workspace_aliases": ["/tmp/ws"]}, "collides with tmpfs /tmp"),
-        ({"workspace_aliases": ["/app"]}, "collides with bind target /app"),
-        ({"workspace_aliases": ["/app/sub"]}, "collides with bind target /app"),
-        ({"workspace_aliases": ["/home/chv"]}, "would hide the agent_state_mount /home/chv"),
-        ({"workspace_aliases": ["/home"]}, "would hide the agent_state_mount /home/chv"),
-        ({"workspace_aliases": ["/srv/ws", "/srv/ws"]}, "workspace_aliases[1]: /srv/ws collides with workspace_aliases[0]"),
-        ({"workspace_aliases": ["/srv/ws", "/srv/ws/in"]}, "collides with workspace_aliases[0] /srv/ws"),
+    ] + [({"workspace_aliases": aliases}, expected) for expected, many in WORKSPACE_ALIAS_REFUSALS for aliases in many] + [
         ({"setenv": {"HOME": "/root"}}, "setenv: HOME is set from agent_user/agent_home"),
         ({"setenv": {"USER": "root"}}, "setenv: USER is set from"),
         ({"setenv": {"LOGNAME": "root"}}, "setenv: LOGNAME is set from"),

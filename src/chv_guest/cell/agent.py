@@ -20,7 +20,7 @@ from . import policy as policymod
 from .launcher import SHARED_NETWORK_REFUSAL
 from .status import status_fd_problem
 
-EXIT_REFUSED = 78  # EX_CONFIG, as exits.EXIT_CONFIG: refused, nothing was started
+EXIT_REFUSED = exits.EXIT_CONFIG  # refused, nothing was started
 AGENT_NAME = "chv-cell-agent"
 SUDO = "/usr/bin/sudo"
 GROUP_VARIABLE = "chv_cell_agent_group"

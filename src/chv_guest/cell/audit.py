@@ -47,12 +47,10 @@ from . import families as familiesmod
 from . import health as healthmod
 from . import policy as policymod
 from . import records
-# the catalog's names that callers (cli.py, counterproof.py, the tests) read here: re-exported ("as")
-from .catalog import BY_ID as BY_ID, CASES as CASES, DROP_COUNTERS as DROP_COUNTERS, LIFECYCLE_CASES, judge as judge
+from .catalog import BY_ID, CASES, LIFECYCLE_CASES, judge
 from .catalog.case import Result, error
-from .catalog.facts import (COOKIE_NAME, COOKIE_PATH, QUOTA_EXTRA, RAW_MARKER, SHOTS_DIR, Facts, METADATA as METADATA,
-                            SNAPSHOT_KEYS as SNAPSHOT_KEYS, cookie_sent as cookie_sent, marker as marker)
-from .catalog.fs import hidden_paths as hidden_paths
+from .catalog.facts import COOKIE_NAME, COOKIE_PATH, METADATA, QUOTA_EXTRA, RAW_MARKER, SHOTS_DIR, Facts, marker
+from .catalog.fs import hidden_paths
 
 EXIT_FAILED = 1
 EXIT_ERROR = 2

@@ -36,6 +36,7 @@ def _limits_verdict(policy: policymod.Policy, slot: policymod.Slot, problems: Li
     log("slot %s: WARNING: resource limits NOT enforced: %s (policy require_limits is false)"
         % (slot["name"], "; ".join(problems)))
 
+
 def apply_standalone_limits(policy: policymod.Policy, slot: policymod.Slot, cg2: Optional[str],
                             debug: Callable[[str], None] = lambda msg: None) -> None:
     """Write the policy's properties into the cell's own cgroup2
@@ -74,6 +75,7 @@ def apply_standalone_limits(policy: policymod.Policy, slot: policymod.Slot, cg2:
             raise SetupError("%s reads %r after writing %s (%s)" % (path, got.strip(), lim.value, lim.prop))
         debug("slot %s: %s = %s" % (slot["name"], path, lim.value))
 
+
 def check_scope_limits(policy: policymod.Policy, slot: policymod.Slot, leader: int, unit: str) -> None:
     """systemd scope: the scope's cgroup must carry the limits asked."""
     props = policy["properties"]
@@ -96,6 +98,7 @@ def check_scope_limits(policy: policymod.Policy, slot: policymod.Slot, leader: i
         assert mount is not None  # a scope is found only in it
         problems += cgroups.scope_limit_problems(limits, mount[1] + scope)
     _limits_verdict(policy, slot, problems)
+
 
 def start_userns_restriction(libc: ctypes.CDLL, leader: int) -> Tuple[int, int]:
     """Start a child that writes 0 to user.max_user_namespaces in the
@@ -131,6 +134,7 @@ def start_userns_restriction(libc: ctypes.CDLL, leader: int) -> Tuple[int, int]:
     os.close(fd)
     return pid, r
 
+
 def userns_verdict(started: Tuple[int, int]) -> None:
     """Wait for the child of start_userns_restriction; SetupError unless
     it read 0 back."""
@@ -150,6 +154,7 @@ def userns_verdict(started: Tuple[int, int]) -> None:
             "(policy allow_user_namespaces is false)" % answer
         )
 
+
 def list_ruleset(policy: policymod.Policy) -> Optional[subprocess.Popen[bytes]]:
     """Start ``nft -j list table`` for check_ruleset (the listing is read
     there; the run starts it before it configures the veth, so that the
@@ -160,6 +165,7 @@ def list_ruleset(policy: policymod.Policy) -> Optional[subprocess.Popen[bytes]]:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=TOOL_ENV)
     except OSError:
         return None
+
 
 def check_ruleset(policy: policymod.Policy, slot: policymod.Slot, listing_proc: Optional[subprocess.Popen[bytes]] = None) -> None:
     """The cell_nat table must be loaded and cover this slot's veth

@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     import argparse  # noqa: PLC0415 (see the imports above)
 
     from . import audit as auditmod  # noqa: PLC0415
+    from . import catalog  # noqa: PLC0415
     from . import counterproof  # noqa: PLC0415
     from . import health as healthmod  # noqa: PLC0415
 
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a stand-in in a private or special-purpose range that no deny entry or carve-out covers "
                    "and the guest reaches (TEN-06)")
     u.add_argument("--metadata-stand-in", action="store_true",
-                   help="add %s to the guest's loopback for the run (NET-04)" % auditmod.METADATA)
+                   help="add %s to the guest's loopback for the run (NET-04)" % catalog.facts.METADATA)
     _repeated(u, "--trusted", "PATH", "another file cells must not be able to write (FS-09), e.g. the ruleset")
     u.add_argument("--broker-client", default=os.path.join(lib, "chv_guest", "broker", "client.py"), metavar="PATH",
                    help="chv-broker's client.py (default: %(default)s; IPC cases skipped when missing)")
@@ -217,6 +218,7 @@ def audit(ns: argparse.Namespace) -> int:
     """``chv-cell audit``: the catalog on this guest; the report on stdout
     (and in --report-dir); 0 passed, 1 a case failed, 2 a control failed."""
     from . import audit as auditmod  # noqa: PLC0415
+    from . import catalog  # noqa: PLC0415
     from . import counterproof  # noqa: PLC0415
 
     labels = {}
@@ -242,7 +244,7 @@ def audit(ns: argparse.Namespace) -> int:
     if ns.allow_url and not ns.allow_url.startswith(("http://", "https://")):
         logmod.log("audit: --allow-url must be an http:// or https:// URL, got %r" % ns.allow_url)
         return exits.EXIT_CONFIG
-    unknown = [cid for cid in ns.case if cid not in auditmod.BY_ID]
+    unknown = [cid for cid in ns.case if cid not in catalog.BY_ID]
     if unknown:
         logmod.log("audit: --case %s: no such case (chv-cell audit --list)" % ", ".join(unknown))
         return exits.EXIT_CONFIG

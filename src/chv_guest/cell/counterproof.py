@@ -33,7 +33,7 @@ from . import audit
 from . import catalog
 from . import policy as policymod
 from . import ruleset as rulesetmod
-from .catalog.loosen import Context, Loosening as Loosening, readable_by_others as readable_by_others
+from .catalog.loosen import Context, Loosening
 
 COMMENT = "chv-audit counter-proof"
 CHAINS = ("forward", "input", "output")  # the table's base chains a loosening inserts into

@@ -91,8 +91,8 @@ def sample(name: str, value: float, **labels: str) -> Sample:
     if family is None:
         raise ValueError("no metric family %s" % name)
     if set(labels) != set(family.labels):
-        raise ValueError("%s takes the labels %s, not %s" % (name, ", ".join(family.labels) or "none",
-                                                            ", ".join(sorted(labels)) or "none"))
+        raise ValueError("%s takes the labels %s, not %s"
+                         % (name, ", ".join(family.labels) or "none", ", ".join(sorted(labels)) or "none"))
     return Sample(name, tuple((k, labels[k]) for k in family.labels), float(value))
 
 
@@ -117,7 +117,7 @@ def render(samples: Iterable[Sample]) -> str:
     sample given twice with the same labels is a ValueError."""
     by_family: Dict[str, Dict[Labels, float]] = {}
     for s in samples:
-        if s.name not in FAMILIES or tuple(k for k, _ in s.labels) != FAMILIES[s.name].labels:
+        if s.name not in FAMILIES or tuple(k for k, dummy in s.labels) != FAMILIES[s.name].labels:
             raise ValueError("%s%r is not a sample of METRICS" % (s.name, s.labels))
         seen = by_family.setdefault(s.name, {})
         if s.labels in seen:

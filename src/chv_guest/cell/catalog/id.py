@@ -50,8 +50,8 @@ def _cap_set(field: str) -> Judge:
         dropped = set(facts["policy"]["drop_capabilities"])
         have = _caps(facts["a"].get(field))
         kept = sorted(dropped & have) if have is not None else ["unreadable"]
-        return pair(not kept, "%s %s; dropped ones present: %s" % (field, facts["a"].get(field),
-                                                                    ", ".join(kept) or "none"),
+        return pair(not kept, "%s %s; dropped ones present: %s"
+                    % (field, facts["a"].get(field), ", ".join(kept) or "none"),
                     have is not None and "CAP_CHOWN" in have and "CAP_CHOWN" not in dropped,
                     "CAP_CHOWN in %s: %s" % (field, have is not None and "CAP_CHOWN" in have))
     return judge

@@ -236,12 +236,13 @@ def test_the_chromium_the_browser_drives_is_hidden_from_cells_on_every_platform(
 
 
 def test_the_entry_points_get_the_platforms_python_and_debian_the_same_bytes():
-    """tasks/linux.yml rewrites the "#!" line of chv-cell and chv-cell-agent with
-    the platform's python: on Debian the files stay byte for byte the role's."""
+    """The entry points (vars/main.yml, installed by tasks/linux.yml and darwin.yml) get
+    the platform's python on their "#!" line: on Debian the files stay byte for byte the role's."""
     tasks = load("roles", "cell_runtime", "tasks", "linux.yml")
     task = next(t for t in tasks if t.get("name", "").startswith("Install the chv-cell entry points"))
+    assert task["chv.fleet.files"]["files"] == "{{ __cell_runtime_entry_files }}"
     python = loaded("cell_runtime", "Debian", "12")["__cell_runtime_commands"]["python"]
-    for entry in task["chv.fleet.files"]["files"][:2]:
+    for entry in load("roles", "cell_runtime", "vars", "main.yml")["__cell_runtime_entry_files"][:2]:
         pattern, replacement = re.search(r"regex_replace\('([^']+)', '([^']+)' ~ __cell_runtime_commands.python\)",
                                          entry["content"]).groups()
         name = os.path.basename(entry["dest"].split("}}")[-1])

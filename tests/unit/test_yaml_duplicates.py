@@ -26,11 +26,10 @@ KNOWN = {
     ("playbooks/remove.yml", "playbooks/site.yml", "hosts: \"{{ chv_fleet_target | default(__chv_fleet_rollout.target) }}\""),
     # the cell identity settings, passed to the preflight and to cell_identity
     ("playbooks/site.yml", "roles/cell_runtime/tasks/linux.yml", "ifname_prefix: \"{{ chv_cell_ifname_prefix }}\""),
-    # cell_runtime's two platforms: the agent user, the launcher's package and entry points
+    # cell_runtime's two platforms: the agent user, the launcher's package
     ("roles/cell_runtime/tasks/darwin.yml", "roles/cell_runtime/tasks/linux.yml",
      "- name: Create the agent user (only when missing)"),
     ("roles/cell_runtime/tasks/darwin.yml", "roles/cell_runtime/tasks/linux.yml", "tags: [configure]"),
-    ("roles/cell_runtime/tasks/darwin.yml", "roles/cell_runtime/tasks/linux.yml", "files:"),
 }
 
 

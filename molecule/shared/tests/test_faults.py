@@ -256,7 +256,7 @@ def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_
     assert sha256(host, LEDGER) == ledger
 
     # in the middle of cell_nat: the ruleset file written, its reload (a handler) never run
-    out = killed_converge(first, "TASK [chv.fleet.cell_nat : Install the chv-cell-nat unit]")
+    out = killed_converge(first, "TASK [chv.fleet.cell_nat : Install the chv-cell-nat unit and the check of its table]")
     lap("kill 2")
     assert re.search(r"TASK \[chv\.fleet\.cell_nat : Render the cell NAT rulesets and the forwarding settings\] \**"
                      r"\nchanged: \[%s\]" % name, out), out[-3000:]

@@ -110,12 +110,17 @@ ROLE_SETTINGS = (
 )
 
 
-def validate(config: Mapping[str, Any], role_vars: Optional[Mapping[str, Any]] = None) -> List[str]:
-    """Every problem of ``config`` (and of the role's other variables), each naming the role variable."""
+def validate(config: Mapping[str, Any], role_vars: Optional[Mapping[str, Any]] = None,
+             at_start: bool = False) -> List[str]:
+    """Every problem of ``config`` (and of the role's other variables), each naming the role variable.
+
+    A request deadline below the navigation timeout is an operator's mistake the role refuses; the
+    service (``at_start``) runs with it, the deadline cutting first (its deadline tests need that)."""
     errors = s.problems(config, SETTINGS)
     navigation, request = config.get("navigation_timeout"), config.get("request_timeout")
     timeout = s.number()
-    if timeout(navigation) is None and timeout(request) is None and request < navigation:  # type: ignore[operator]
+    if not at_start and timeout(navigation) is None and timeout(request) is None \
+            and request < navigation:  # type: ignore[operator]
         errors.append("chv_browser_request_timeout must be at least chv_browser_navigation_timeout (%s), not %s"
                       % (s.show(navigation), s.show(request)))
     return errors + s.problems(role_vars or {}, ROLE_SETTINGS, by_var=True)

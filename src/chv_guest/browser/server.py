@@ -111,7 +111,7 @@ LOG_EVENT = "chv-browser"
 
 def config_problem(cfg: wire.JSONObject) -> Optional[str]:
     """What is wrong with the configuration (config.validate, each problem naming the role variable), or None."""
-    return "; ".join(validate(cfg)) or None
+    return "; ".join(validate(cfg, at_start=True)) or None
 
 
 def playwright_mismatch(expected: str,

@@ -56,8 +56,8 @@ EXIT_FAILED = 1
 EXIT_ERROR = 2
 PAGE = ("<!doctype html><html><head><title>chv-audit</title></head><body><h1>chv-audit</h1>"
         "<!-- %s --><script>var raw = '%s';</script></body></html>" % (RAW_MARKER, RAW_MARKER))
-# TEN-02: chv-broker's configuration and the defaults of what the case reads from it
-# (src/chv_guest/broker/server.py DEFAULTS; a unit test compares the two)
+# TEN-02: chv-broker's configuration; what the file does not set, chv-broker's DEFAULTS
+# (src/chv_guest/broker/config.py, read by broker_limits)
 BROKER_CONFIG = "/etc/chv-fleet/broker.json"
 BROKER_LIMITS = ("max_connections_per_slot", "read_timeout")  # what TEN-02 reads of chv-broker's configuration
 CELL_BROKER_SOCKET = "/run/chv/broker.sock"  # where the cells have chv-broker (the client's default)

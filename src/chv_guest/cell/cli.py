@@ -1,10 +1,10 @@
-"""Command line: chv-cell run | read | argv | validate-policy | status | health | audit.
+"""Command line: chv-cell run | read | argv | validate-policy | status | health | audit | cordon | uncordon | drain.
 
 As root everything runs here.  A non-root user asking for ``run``,
 ``status`` or ``read`` is handed to ``agent.delegate`` (sudo and the
 root-only ``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
-world-readable policy and run as that user; ``health`` and ``audit`` are
-root's only (``audit --list`` prints the catalog for anyone)."""
+world-readable policy and run as that user; ``health``, ``audit``,
+``cordon``, ``uncordon`` and ``drain`` are root's only (``audit --list`` prints the catalog for anyone)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: the payload's own; %d cell setup failed or a fail-closed check refused it "
         "(ruleset, limits, user namespaces; the payload did not run); %d every slot busy until the "
         "timeout; %d unusable policy, or a run the policy forbids (--shared-network, --runtime-max above "
-        "runtime_max); %d wall-clock limit (runtime_max / --runtime-max) reached; 128+N stopped by signal N"
-        % (exits.EXIT_SETUP, exits.EXIT_BUSY, exits.EXIT_CONFIG, exits.EXIT_RUNTIME),
+        "runtime_max); %d wall-clock limit (runtime_max / --runtime-max) reached; %d the guest is cordoned "
+        "(chv-cell cordon: retry on another guest); 128+N stopped by signal N"
+        % (exits.EXIT_SETUP, exits.EXIT_BUSY, exits.EXIT_CONFIG, exits.EXIT_RUNTIME, exits.EXIT_CORDONED),
     )
     ap.add_argument("--policy", help="policy file (default %s; root only for run and status)"
                     % policymod.DEFAULT_POLICY_PATH)
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         "{verdict: ran|runtime|signal|setup|busy|config|unknown, exit, slot, payload_started, payload_exit}; "
         "the payload never gets fd N (docs/executor.md)",
     )
+    r.add_argument("--ignore-cordon", action="store_true",
+                   help="start even on a cordoned guest (root's; the health gate's own run after a drain)")
     r.add_argument("command", nargs=argparse.REMAINDER)
 
     from . import slotfiles  # noqa: PLC0415
@@ -126,7 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate-policy", allow_abbrev=False, help="check a policy file; exit 0 when usable")
     v.add_argument("path", nargs="?", help="file to check (default: --policy)")
 
-    sub.add_parser("status", allow_abbrev=False, help="list slots and the cells running in them")
+    st = sub.add_parser("status", allow_abbrev=False,
+                        help="list slots and the cells running in them (and the cordon, when the guest is cordoned)")
+    st.add_argument("--json", action="store_true", help="print one JSON object: cordoned, cordon, slots (root's)")
+
+    c = sub.add_parser("cordon", allow_abbrev=False,
+                       help="refuse new cells on this guest (chv-cell run exits %d naming the cordon); running "
+                       "cells are untouched" % exits.EXIT_CORDONED)
+    c.add_argument("--reason", help="why, shown to every refused run and in chv-cell status")
+    sub.add_parser("uncordon", allow_abbrev=False, help="let new cells start on this guest again")
+    dr = sub.add_parser("drain", allow_abbrev=False,
+                        help="one progress line naming each running cell (slot, pid, age); exit 0 when none "
+                        "runs, %d while some do (read-only: chv-cell cordon first)" % exits.EXIT_BUSY)
+    dr.add_argument("--wait", type=float, default=0.0, metavar="S",
+                    help="wait up to S seconds for the cells to end before printing (default 0: look once)")
 
     w = sub.add_parser("warm", allow_abbrev=False,
                        help="keep one cell of a warm slot (policy warm_slots) started and waiting for a payload, "
@@ -270,6 +286,40 @@ def audit(ns: argparse.Namespace) -> int:
     return int(rep["exit"])
 
 
+def cordon(ns: argparse.Namespace, pol: policymod.Policy) -> int:
+    """``chv-cell cordon`` / ``uncordon``: one line saying what changed
+    ("cordoned", "already cordoned", "uncordoned", "not cordoned"); 0."""
+    import time  # noqa: PLC0415
+
+    from . import cordon as cordonmod  # noqa: PLC0415
+
+    if ns.action == "uncordon":
+        print("uncordoned" if cordonmod.clear(pol["state_dir"]) else "not cordoned")
+        return 0
+    by = os.environ.get("SUDO_USER") or "root"
+    new, rec = cordonmod.set_cordon(pol["state_dir"], ns.reason, by)
+    print("%s: %s" % ("cordoned" if new else "already cordoned", cordonmod.describe(rec, time.time())))
+    return 0
+
+
+def drain(ns: argparse.Namespace, pol: policymod.Policy) -> int:
+    """``chv-cell drain``: the progress line; 0 drained, EXIT_BUSY not yet."""
+    import time  # noqa: PLC0415
+
+    from . import cordon as cordonmod  # noqa: PLC0415
+    from .actions import slot_states  # noqa: PLC0415
+
+    deadline = time.monotonic() + max(0.0, ns.wait)
+    while True:
+        running = [(s["slot"], s["pid"], s["started"]) for s in slot_states(pol) if s["state"] == "running"]
+        if not running or time.monotonic() >= deadline:
+            break
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    print(cordonmod.drain_line(running, time.time(), cordonmod.read(pol["state_dir"])))
+    sys.stdout.flush()
+    return exits.EXIT_BUSY if running else 0
+
+
 def fast_run(verbose: bool, rest: Sequence[str]) -> Optional[int]:
     """Root's ``chv-cell [-v] run OPTIONS -- CMD`` with the installed policy,
     in the form the agent accepts (agent.parse_agent_args), without
@@ -314,7 +364,7 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
 
         sys.stdout.write(counterproof.catalog_markdown())
         return 0
-    if euid != 0 and ns.action in ("health", "audit", "warm"):
+    if euid != 0 and ns.action in ("health", "audit", "warm", "cordon", "uncordon", "drain"):
         logmod.log("chv-cell %s runs as root only" % ns.action)
         return exits.EXIT_CONFIG
     if ns.policy is None:
@@ -361,7 +411,11 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         return 0
 
     if ns.action == "status":
-        return print_status(pol)
+        return print_status(pol, as_json=ns.json)
+    if ns.action in ("cordon", "uncordon"):
+        return cordon(ns, pol)
+    if ns.action == "drain":
+        return drain(ns, pol)
     if ns.action == "read":
         return read_request(pol, agentmod.AgentRequest("read", ns.slot, None, None, False, False, [], None, ns.path))
 
@@ -386,4 +440,4 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
 
     cmd = _command(ns, ap)
     return start_run(pol, cmd, ns.slot, ns.timeout, ns.shared_network, ns.runtime_max, ns.status_fd,
-                     verbose=ns.verbose or ns.run_verbose)
+                     verbose=ns.verbose or ns.run_verbose, ignore_cordon=ns.ignore_cordon)

@@ -151,9 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("health", allow_abbrev=False,
                        help="run a cell with a probe and report whether this guest can run isolated cells "
-                       "(exit 0 healthy, %d not)" % healthmod.EXIT_UNHEALTHY)
-    h.add_argument("--unit", action="append", default=[], help="a unit that must be active and not restarting")
-    h.add_argument("--broker-client", metavar="PATH", help="the broker's client.py: ping the broker from the cell")
+                       "(exit 0 healthy, %d not, %d busy, not unhealthy: every slot runs a cell); the defaults "
+                       "are the health gate's" % (healthmod.EXIT_UNHEALTHY, healthmod.EXIT_HEALTH_BUSY))
+    h.add_argument("--unit", action="append", default=None,
+                   help="a unit that must be active and not restarting (default: %s, and %s when the policy "
+                   "names chv-browser's socket)" % (", ".join(healthmod.DEFAULT_UNITS), healthmod.BROWSER_UNIT))
+    h.add_argument("--broker-client", metavar="PATH",
+                   help="the broker's client.py: ping the broker from the cell (default: the one beside the "
+                   "launcher, %s)" % healthmod.default_broker_client())
     _repeated(h, "--allow", "HOST:PORT", "a destination the cell must reach")
     _repeated(h, "--deny", "HOST:PORT", "a destination the ruleset must refuse (the guest at the cell's gateway, "
               "port %d, always is)" % healthmod.GUEST_PROBE_PORT)
@@ -220,14 +225,18 @@ def health(ns: argparse.Namespace) -> int:
         return exits.EXIT_CONFIG
     request = {"broker_client": ns.broker_client, "allow": ns.allow, "deny": ns.deny}
     checks = healthmod.run(ns.policy, ns.unit, request, claim_timeout=ns.timeout)
-    healthy = all(c["ok"] for c in checks)
+    rc = healthmod.exit_code(checks)
     if ns.json:
-        print(json.dumps({"healthy": healthy, "summary": healthmod.summary(None, checks), "checks": checks}))
+        print(json.dumps({"healthy": rc == 0, "busy": rc == healthmod.EXIT_HEALTH_BUSY,
+                          "verdict": healthmod.outcome(checks), "summary": healthmod.summary(None, checks),
+                          "checks": checks}))
     else:
         for c in checks:
-            print("%-4s %s: %s" % ("ok" if c["ok"] else "FAIL", c["check"], c["detail"]))
+            print("%-4s %s: %s" % ("ok" if c["ok"] else "busy" if c["detail"].startswith(healthmod.BUSY) else "FAIL",
+                                   c["check"], c["detail"]))
+        print(healthmod.summary(None, checks))
     sys.stdout.flush()
-    return 0 if healthy else healthmod.EXIT_UNHEALTHY
+    return rc
 
 
 def audit(ns: argparse.Namespace) -> int:

@@ -169,7 +169,9 @@ class Launcher:
         rc = self.preflight()
         if rc is not None:
             return rc
-        slots = [s for s in p["slots"] if slot_name in (None, s["name"])]
+        # a run without --slot never takes the health gate's reserved slot
+        slots = [s for s in p["slots"] if s["name"] == slot_name
+                 or (slot_name is None and s["name"] != p.get("health_slot"))]
         if not slots:
             log(self.no_slot(slot_name))
             return EXIT_CONFIG

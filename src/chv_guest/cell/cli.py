@@ -171,7 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(exit 0 passed, %d a case failed, %d a control failed)"
                        % (auditmod.EXIT_FAILED, auditmod.EXIT_ERROR))
     u.add_argument("--list", action="store_true", help="print the catalog (Markdown) and run nothing")
-    u.add_argument("--slot", help="the slot of cell A (default: the first); cell B takes another")
+    u.add_argument("--slot", help="the slot of cell A (default: the first free one); cell B takes another free one")
+    u.add_argument("--exclusive", action="store_true",
+                   help="run the cases that need every slot free (LIFE-03), on an idle guest; without it they "
+                   "are skipped (\"needs every slot free\"; --strict-skips then fails the run)")
     _repeated(u, "--allow", "HOST:PORT", "a destination cells may reach (NET-01)")
     _repeated(u, "--deny", "HOST:PORT", "a destination the egress policy denies and the guest reaches (NET-05)")
     u.add_argument("--allow-url", metavar="URL",
@@ -279,7 +282,8 @@ def audit(ns: argparse.Namespace) -> int:
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
             "allow_url": ns.allow_url, "special": ns.special,
             "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
-            "labels": labels, "strict_skips": ns.strict_skips, "cases": ns.case, "keep": ns.keep}
+            "labels": labels, "strict_skips": ns.strict_skips, "cases": ns.case, "keep": ns.keep,
+            "exclusive": ns.exclusive}
     if ns.counter_proof:
         rep = counterproof.run(ns.policy, opts)
         text = counterproof.to_markdown(rep)

@@ -47,3 +47,15 @@ def test_exclusive_is_an_audit_option():
     ns = cli.build_parser().parse_args(["audit", "--exclusive"])
     assert ns.exclusive is True
     assert cli.build_parser().parse_args(["audit"]).exclusive is False
+
+
+def test_the_fleet_audit_allows_exactly_the_every_slot_skips_with_the_launchers_reason():
+    import os
+
+    import yaml
+
+    from testpaths import ROOT
+
+    with open(os.path.join(ROOT, "playbooks", "vars", "audit.yml")) as fh:
+        skips = yaml.safe_load(fh)["__chv_fleet_audit_every_slot_skips"]
+    assert skips == dict((cid, catalog.EXCLUSIVE_SKIP) for cid in catalog.EVERY_SLOT_CASES)

@@ -244,7 +244,8 @@ CASES = [
     Case("TEN-07", (), "The launcher's verdict cannot be forged by the payload",
          "a payload prints a busy launcher's words, writes to the --status-fd number and exits 75: the "
          "status record says it ran, exit 75, and the payload's write failed",
-         "a real busy run (every slot held, LIFE-03) with --status-fd records verdict busy", _ten07,
+         "a real busy run with --status-fd records verdict busy (LIFE-03's, every slot held; without --exclusive one "
+         "in cell A's slot while the audit holds its lock)", _ten07,
          "the launcher starts every cell with the fds above 2 closed: no policy hands the status fd to a "
          "payload", lifecycle=True),
     Case("TEN-08", ("plant",), "A reader of a slot's files never follows what the cell planted",

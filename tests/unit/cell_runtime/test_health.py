@@ -191,3 +191,20 @@ def test_a_run_without_slot_never_takes_the_reserved_health_slot(policy, tmp_pat
     la = _Launcher(dict(policy, health_slot="slot0"), str(tmp_path))
     assert la.run(["true"]) == 3 and la.ran[-1][0]["name"] == "slot1"
     assert la.run(["true"], slot_name="slot0") == 3 and la.ran[-1][0]["name"] == "slot0"  # health's own --slot
+
+
+def test_the_gate_passes_no_unit_so_a_call_by_hand_runs_the_same_checks():
+    import os
+
+    import yaml
+
+    from testpaths import ROOT
+
+    with open(os.path.join(ROOT, "playbooks", "site.yml")) as fh:
+        plays = yaml.safe_load(fh)
+    gate = [t for p in plays for t in p.get("post_tasks", []) if t["name"].startswith("Run the health gate")]
+    assert len(gate) == 1
+    argv = gate[0]["ansible.builtin.command"]["argv"]
+    assert "'health', '--json'" in argv and "--unit" not in argv
+    stop = [t for p in plays for t in p.get("post_tasks", []) if t["name"].startswith("Stop the rollout")][0]
+    assert "__chv_fleet_health.rc not in [0, %d]" % health.EXIT_HEALTH_BUSY in stop["when"]

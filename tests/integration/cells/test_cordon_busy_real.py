@@ -2,8 +2,8 @@
 real cells through `chv-cell run` on this machine.
 
 Needs root, systemd-nspawn, ip and nsenter. Its own throwaway policy:
-veths lth80..lth82, subnets 10.231.80-82.0/24, uid ranges from 5000000, a
-private state dir; touches nothing else (no nftables table: the health
+veths lth80..lth82, machines lc-slot0..2, subnets 10.231.80-82.0/24, uid
+ranges from 5000000, a private state dir; touches nothing else (no nftables table: the health
 checks that need the ruleset or systemd units are not what is tested here,
 only which slot its cell takes and the busy verdict).
 """
@@ -27,7 +27,8 @@ TAG = "lc%d" % os.getpid()
 
 
 def slot(i):
-    return cellrt.make_slot(i, base=80, uid_base=5000000 + i * 65536, host_prefix="lth8")
+    return dict(cellrt.make_slot(i, base=80, uid_base=5000000 + i * 65536, host_prefix="lth8"),
+                machine="lc-slot%d" % i)
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +154,7 @@ def test_health_takes_the_one_free_slot_and_says_busy_when_none_is(env, cells):
     assert chv(env, "cordon", "--reason", "gate").returncode == 0
     checks = _health(env)
     assert [c["ok"] for c in checks if c["check"] == "cell runs"] == [True], checks
+    assert chv(env, "uncordon").returncode == 0
     held.append(cells("slot1"))
     t = time.monotonic()
     checks = _health(env)

@@ -20,6 +20,7 @@ import pytest
 
 import cellrt
 from cellrt import ENTRY, NEEDS_REAL_CELLS, NOISE
+from testpaths import SRC
 
 pytestmark = [pytest.mark.cells] + NEEDS_REAL_CELLS
 
@@ -40,6 +41,8 @@ def env(tmp_path_factory):
         "workspace_root": str(root / "ws"),
         "agent_state_root": str(root / "state"),
         "writable_binds": [],
+        # health.py runs in the cell from this tree (a guest has it under /usr/lib/chv-fleet, in every cell)
+        "readonly_binds": [{"source": SRC, "target": SRC, "optional": False}],
         "dns_servers": ["192.0.2.53"],
         "claim_timeout": 0,
         "stop_grace": 1,

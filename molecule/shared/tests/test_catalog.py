@@ -86,7 +86,8 @@ def run_audit(host, counter_proof, runs=100):
     report, counter-proof report or None, the report files)."""
     lab = lab_guest(host)["host_address"]
     with stand_ins([lab]) as ports:
-        argv = ["chv-cell audit --json --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, ports["allow"][lab]),
+        # --exclusive: the lab guests are idle, LIFE-03 fills every slot
+        argv = ["chv-cell audit --json --exclusive --runs %d --metadata-stand-in" % runs, "--allow %s:%d" % (lab, ports["allow"][lab]),
                 "--allow-url http://%s:%d/" % (lab, ports["allow"][lab]), "--special %s:%d" % (SPECIAL, ports["special"]),
                 "--trusted /etc/chv-fleet/nft/cell-nat.nft",
                 "--report-dir %s --label scenario=%s" % (REPORTS, SCENARIO)]
@@ -201,7 +202,7 @@ def fleet_audit(report_dir, limit=None, runs=5):
                 "chv_fleet_audit_deny": ["%s:%d" % (DENIED, ports["deny"])],
                 "chv_fleet_audit_special": ["%s:%d" % (SPECIAL, ports["special"])],
                 "chv_fleet_audit_runs": runs,
-                "chv_fleet_audit_allowed_skips": LAB_SKIPS}
+                "chv_fleet_audit_allowed_skips": LAB_SKIPS, "chv_fleet_audit_exclusive": True}
         overlay = os.path.join(report_dir, "audit-inventory.yml")
         os.makedirs(report_dir, exist_ok=True)
         with open(overlay, "w") as fh:

@@ -107,7 +107,11 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
             short = run_roles(["chv.fleet.broker"], {"chv_fleet_drain_timeout": 2}, expect_ok=False)
             out = short.stdout + short.stderr
             assert short.returncode != 0, out[-3000:]
-            assert "did not drain within chv_fleet_drain_timeout=2 s: %s " % slot in out, out[-3000:]
+            assert "did not drain within chv_fleet_drain_timeout=2 s: waiting for 1 cell(s): %s (pid " % slot in out, \
+                out[-3000:]
+            # the drain cordoned the host, and uncordoned it again when it did not drain
+            assert "(the host is uncordoned again)" in out, out[-3000:]
+            assert not host.file("/run/chv-fleet/cordon").exists
             assert "restarting chv-broker (its code, configuration or units change) held back, nothing of it done" \
                 in out, out[-3000:]
             # left as it was: the code and configuration, and the broker's socket and service not restarted
@@ -121,15 +125,18 @@ def test_a_broker_code_change_waits_for_running_cells_and_a_short_bound_changes_
             lines = []
             for line in waiting.stdout:
                 lines.append(line)
-                if "RETRYING" in line and "Wait until no cell runs on the host before restarting chv-broker" in line:
+                # the drain's progress line per look names the running slot
+                if "(item=waiting for 1 cell(s): %s (pid " % slot in line:
                     break
             assert host.check_output("sha256sum %s", module) == drifted, "changed before the cell ended"
             host.run_expect([0], "touch %s/.drain-go", workspace)
             lines += waiting.stdout.readlines()
             assert waiting.wait(timeout=600) == 0, "".join(lines)[-3000:]
+            # the roles alone (no site.yml gate play, which uncordons after its gate): still cordoned
+            assert host.file("/run/chv-fleet/cordon").exists
         finally:
-            host.run("touch %s/.drain-go; sleep 1; systemctl stop chv-molecule-drain; rm -f %s/.drain-go",
-                     workspace, workspace)
+            host.run("touch %s/.drain-go; sleep 1; systemctl stop chv-molecule-drain; rm -f %s/.drain-go; "
+                     "chv-cell uncordon", workspace, workspace)
         cell_ended = float(host.check_output("cat %s", ended))
         changed_at = float(host.check_output("stat -c %%.9Y %s", module))
         assert host.check_output("sha256sum %s", module) != drifted

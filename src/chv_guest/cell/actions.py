@@ -4,9 +4,10 @@ through ``chv-cell`` (cli.py) or through sudo and ``chv-cell-agent``
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import TYPE_CHECKING, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, cast
 
 from . import exits
 from . import launcher as launchermod
@@ -39,25 +40,55 @@ def refuse_with_status(status_fd: Optional[int]) -> int:
     return exits.EXIT_CONFIG
 
 
-def print_status(pol: policymod.Policy) -> int:
-    """``chv-cell status``: one line per slot (identity and live record); 0."""
+def slot_states(pol: policymod.Policy) -> List[Dict[str, Any]]:
+    """Each slot's state as ``chv-cell status`` shows it: {slot, state
+    (idle, warm, running, stale, unknown), pid, started, text}."""
+    out: List[Dict[str, Any]] = []
     for s in pol["slots"]:
+        entry: Dict[str, Any] = {"slot": s["name"], "state": "idle", "pid": None, "started": None}
         try:
             rec = records.read_record(pol, s)
             alive = rec is not None and os.path.exists("/proc/%d" % int(rec["pid"]))
             if rec is None:
-                state = "idle"
+                text = "idle"
             elif records.warm_idle(rec) and alive:
                 # no payload runs: idle, never "running pid=N" (the drain's pattern)
-                state = "idle (warm cell %s, pid %s)" % ("ready" if records.warm_waiting(pol, s, rec) else "starting",
-                                                         rec["pid"])
+                text = "idle (warm cell %s, pid %s)" % ("ready" if records.warm_waiting(pol, s, rec) else "starting",
+                                                        rec["pid"])
+                entry.update(state="warm", pid=int(rec["pid"]))
             else:
-                state = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
+                text = "running pid=%s%s" % (rec["pid"], "" if alive else " (stale)")
+                started = rec.get("started")
+                entry.update(state="running" if alive else "stale", pid=int(rec["pid"]),
+                             started=started if isinstance(started, (int, float)) else None)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            state = "unknown (%s)" % exc
+            text = "unknown (%s)" % exc
+            entry["state"] = "unknown"
+        entry["text"] = text
+        out.append(entry)
+    return out
+
+
+def print_status(pol: policymod.Policy, as_json: bool = False) -> int:
+    """``chv-cell status``: the cordon when the host is cordoned (its own
+    first line), then one line per slot (identity and live record); or
+    all of it as one JSON object with ``as_json``; 0."""
+    import time  # noqa: PLC0415
+
+    from . import cordon as cordonmod  # noqa: PLC0415
+
+    cordoned = cordonmod.read(pol["state_dir"])
+    states = slot_states(pol)
+    if as_json:
+        print(json.dumps({"cordoned": cordoned is not None, "cordon": cordoned, "slots": states}, sort_keys=True))
+        sys.stdout.flush()
+        return 0
+    if cordoned is not None:
+        print("%s: %s" % (cordonmod.MARKER, cordonmod.describe(cordoned, time.time())))
+    for s, st in zip(pol["slots"], states):
         print(
             "%-10s %-12s %-15s %-18s uid %d+%d  %s"
-            % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], state)
+            % (s["name"], s["machine"], s["host_ifname"], s["address"], s["uid_base"], s["uid_size"], st["text"])
         )
     sys.stdout.flush()
     return 0
@@ -76,7 +107,7 @@ def launcher_for(pol: policymod.Policy, verbose: bool = False,
 
 def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
               shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool = False,
-              caller: Optional[str] = None) -> int:
+              caller: Optional[str] = None, ignore_cordon: bool = False) -> int:
     """A run with the launcher of the policy's platform; its exit code.
     ``status_fd`` (None: none) must be open for writing; the launcher writes
     its verdict there.  macOS cells do not report one yet: refused there
@@ -91,6 +122,7 @@ def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str]
             return refuse_with_status(status_fd)
     launcher = launcher_for(pol, verbose=verbose, caller=caller)
     launcher.status_fd = status_fd
+    launcher.ignore_cordon = ignore_cordon
     return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
                         runtime_max=runtime_max)
 

@@ -41,13 +41,14 @@ import xml.etree.ElementTree as ET
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import argv as argvmod
+from . import claim as claimmod
 from . import audit_probe as probe
 from . import disk as diskmod
 from . import families as familiesmod
 from . import health as healthmod
 from . import policy as policymod
 from . import records
-from .catalog import BY_ID, CASES, LIFECYCLE_CASES, judge
+from .catalog import BY_ID, CASES, EXCLUSIVE_SKIP, LIFECYCLE_CASES, judge
 from .catalog.case import Result, error
 from .catalog.facts import COOKIE_NAME, COOKIE_PATH, METADATA, QUOTA_EXTRA, RAW_MARKER, SHOTS_DIR, Facts, marker
 from .catalog.fs import hidden_paths
@@ -856,11 +857,27 @@ def _lifecycle(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot, 
             out = _run_cell(policy_path, name, ["python3", "-I", "-c", code, str(want)], opts["timeout"])[1]
             counts.append(int(out.split()[-1]) if out.split() and out.split()[-1].isdigit() else -1)
         g["tasks"] = {"limit": int(limit), "control": counts[0], "started": counts[1]}
-    # LIFE-03: every slot at once, then one more
-    # warm cells being replaced after the runs above: wait until they wait
-    _wait(lambda: not any(records.payload_running(pol, s) for s in pol["slots"]), 10)
+    # LIFE-03: every slot at once, then one more; only on a guest the audit
+    # may fill (--exclusive): a busy guest's agents would be refused meanwhile
+    if opts.get("exclusive"):
+        # warm cells being replaced after the runs above: wait until they wait
+        _wait(lambda: not any(records.payload_running(pol, s) for s in pol["slots"]), 10)
     busy = [s for s in pol["slots"] if records.payload_running(pol, s)]
-    if busy:
+    if not opts.get("exclusive"):
+        g["busy_skip"] = EXCLUSIVE_SKIP
+        # TEN-07's control without every slot: a run in cell A's slot while
+        # the audit itself holds that slot's claim lock is a real busy run
+        try:
+            held = claimmod.try_claim(argvmod.cell_paths(pol, slot_a)["lock"])
+        except claimmod.SlotBusy:
+            held = None
+        if held is not None:
+            try:
+                extra, dummy, record = _run_status(policy_path, name, ["true"], 1)
+            finally:
+                held.release()
+            g["busy_control"] = {"extra_rc": extra, "extra_record": record}
+    elif busy:
         g["busy_skip"] = "every slot idle (busy: %s)" % ", ".join(s["name"] for s in busy)
     else:
         go = ".chv-audit-go-%s" % nonce
@@ -924,13 +941,28 @@ def _left_behind(pol: policymod.Policy, slots: Iterable[policymod.Slot]) -> List
     return left
 
 
+def choose_slots(names: Sequence[str], busy: Sequence[str], slot: Optional[str] = None,
+                 reserved: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    """Cells A and B's slots (pure): ``slot`` (--slot) or the first free
+    one for A, another free one for B (None when there is none).  Free: no
+    cell in ``busy`` runs there; the health gate's ``reserved`` slot is
+    taken last.  A guest with no free slot gets the policy's first slots
+    (their runs then wait --timeout and report busy)."""
+    order = [n for n in names if n != reserved] + [n for n in names if n == reserved]
+    free = [n for n in order if n not in busy]
+    a = slot if slot else (free[0] if free else order[0])
+    others = [n for n in (free if free else order) if n != a]
+    return a, (others[0] if others else None)
+
+
 def run(policy_path: str, opts: Facts) -> Facts:
     """The whole catalog on this guest; returns the report."""
     pol = policymod.load(policy_path)
     slots = pol["slots"]
-    slot_a = policymod.slot_by_name(pol, opts["slot"]) if opts.get("slot") else slots[0]
-    others = [s for s in slots if s["name"] != slot_a["name"]]
-    slot_b = others[0] if others else None
+    busy = [s["name"] for s in slots if records.payload_running(pol, s)]
+    name_a, name_b = choose_slots([s["name"] for s in slots], busy, opts.get("slot"), pol.get("health_slot"))
+    slot_a = policymod.slot_by_name(pol, name_a)
+    slot_b = policymod.slot_by_name(pol, name_b) if name_b else None
     facts: Facts
     facts = {"nonce": os.urandom(4).hex(), "guest": {}, "policy": pol, "slot_a": slot_a, "slot_b": slot_b,
              "broker_client": opts["broker_client"] or ""}

@@ -1,10 +1,10 @@
-"""Command line: chv-cell run | read | argv | validate-policy | status | health | audit.
+"""Command line: chv-cell run | read | argv | validate-policy | status | health | audit | cordon | uncordon | drain.
 
 As root everything runs here.  A non-root user asking for ``run``,
 ``status`` or ``read`` is handed to ``agent.delegate`` (sudo and the
 root-only ``chv-cell-agent``); ``argv`` and ``validate-policy`` only read the
-world-readable policy and run as that user; ``health`` and ``audit`` are
-root's only (``audit --list`` prints the catalog for anyone)."""
+world-readable policy and run as that user; ``health``, ``audit``,
+``cordon``, ``uncordon`` and ``drain`` are root's only (``audit --list`` prints the catalog for anyone)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: the payload's own; %d cell setup failed or a fail-closed check refused it "
         "(ruleset, limits, user namespaces; the payload did not run); %d every slot busy until the "
         "timeout; %d unusable policy, or a run the policy forbids (--shared-network, --runtime-max above "
-        "runtime_max); %d wall-clock limit (runtime_max / --runtime-max) reached; 128+N stopped by signal N"
-        % (exits.EXIT_SETUP, exits.EXIT_BUSY, exits.EXIT_CONFIG, exits.EXIT_RUNTIME),
+        "runtime_max); %d wall-clock limit (runtime_max / --runtime-max) reached; %d the guest is cordoned "
+        "(chv-cell cordon: retry on another guest); 128+N stopped by signal N"
+        % (exits.EXIT_SETUP, exits.EXIT_BUSY, exits.EXIT_CONFIG, exits.EXIT_RUNTIME, exits.EXIT_CORDONED),
     )
     ap.add_argument("--policy", help="policy file (default %s; root only for run and status)"
                     % policymod.DEFAULT_POLICY_PATH)
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         "{verdict: ran|runtime|signal|setup|busy|config|unknown, exit, slot, payload_started, payload_exit}; "
         "the payload never gets fd N (docs/executor.md)",
     )
+    r.add_argument("--ignore-cordon", action="store_true",
+                   help="start even on a cordoned guest (root's; the health gate's own run after a drain)")
     r.add_argument("command", nargs=argparse.REMAINDER)
 
     from . import slotfiles  # noqa: PLC0415
@@ -126,7 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate-policy", allow_abbrev=False, help="check a policy file; exit 0 when usable")
     v.add_argument("path", nargs="?", help="file to check (default: --policy)")
 
-    sub.add_parser("status", allow_abbrev=False, help="list slots and the cells running in them")
+    st = sub.add_parser("status", allow_abbrev=False,
+                        help="list slots and the cells running in them (and the cordon, when the guest is cordoned)")
+    st.add_argument("--json", action="store_true", help="print one JSON object: cordoned, cordon, slots (root's)")
+
+    c = sub.add_parser("cordon", allow_abbrev=False,
+                       help="refuse new cells on this guest (chv-cell run exits %d naming the cordon); running "
+                       "cells are untouched" % exits.EXIT_CORDONED)
+    c.add_argument("--reason", help="why, shown to every refused run and in chv-cell status")
+    sub.add_parser("uncordon", allow_abbrev=False, help="let new cells start on this guest again")
+    dr = sub.add_parser("drain", allow_abbrev=False,
+                        help="one progress line naming each running cell (slot, pid, age); exit 0 when none "
+                        "runs, %d while some do (read-only: chv-cell cordon first)" % exits.EXIT_BUSY)
+    dr.add_argument("--wait", type=float, default=0.0, metavar="S",
+                    help="wait up to S seconds for the cells to end before printing (default 0: look once)")
 
     w = sub.add_parser("warm", allow_abbrev=False,
                        help="keep one cell of a warm slot (policy warm_slots) started and waiting for a payload, "
@@ -135,9 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("health", allow_abbrev=False,
                        help="run a cell with a probe and report whether this guest can run isolated cells "
-                       "(exit 0 healthy, %d not)" % healthmod.EXIT_UNHEALTHY)
-    h.add_argument("--unit", action="append", default=[], help="a unit that must be active and not restarting")
-    h.add_argument("--broker-client", metavar="PATH", help="the broker's client.py: ping the broker from the cell")
+                       "(exit 0 healthy, %d not, %d busy, not unhealthy: every slot runs a cell); the defaults "
+                       "are the health gate's" % (healthmod.EXIT_UNHEALTHY, healthmod.EXIT_HEALTH_BUSY))
+    h.add_argument("--unit", action="append", default=None,
+                   help="a unit that must be active and not restarting (default: %s, and %s when the policy "
+                   "names chv-browser's socket)" % (", ".join(healthmod.DEFAULT_UNITS), healthmod.BROWSER_UNIT))
+    h.add_argument("--broker-client", metavar="PATH",
+                   help="the broker's client.py: ping the broker from the cell (default: the one beside the "
+                   "launcher, %s)" % healthmod.default_broker_client())
     _repeated(h, "--allow", "HOST:PORT", "a destination the cell must reach")
     _repeated(h, "--deny", "HOST:PORT", "a destination the ruleset must refuse (the guest at the cell's gateway, "
               "port %d, always is)" % healthmod.GUEST_PROBE_PORT)
@@ -150,7 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(exit 0 passed, %d a case failed, %d a control failed)"
                        % (auditmod.EXIT_FAILED, auditmod.EXIT_ERROR))
     u.add_argument("--list", action="store_true", help="print the catalog (Markdown) and run nothing")
-    u.add_argument("--slot", help="the slot of cell A (default: the first); cell B takes another")
+    u.add_argument("--slot", help="the slot of cell A (default: the first free one); cell B takes another free one")
+    u.add_argument("--exclusive", action="store_true",
+                   help="run the cases that need every slot free (LIFE-03), on an idle guest; without it they "
+                   "are skipped (\"needs every slot free\"; --strict-skips then fails the run)")
     _repeated(u, "--allow", "HOST:PORT", "a destination cells may reach (NET-01)")
     _repeated(u, "--deny", "HOST:PORT", "a destination the egress policy denies and the guest reaches (NET-05)")
     u.add_argument("--allow-url", metavar="URL",
@@ -204,14 +228,18 @@ def health(ns: argparse.Namespace) -> int:
         return exits.EXIT_CONFIG
     request = {"broker_client": ns.broker_client, "allow": ns.allow, "deny": ns.deny}
     checks = healthmod.run(ns.policy, ns.unit, request, claim_timeout=ns.timeout)
-    healthy = all(c["ok"] for c in checks)
+    rc = healthmod.exit_code(checks)
     if ns.json:
-        print(json.dumps({"healthy": healthy, "summary": healthmod.summary(None, checks), "checks": checks}))
+        print(json.dumps({"healthy": rc == 0, "busy": rc == healthmod.EXIT_HEALTH_BUSY,
+                          "verdict": healthmod.outcome(checks), "summary": healthmod.summary(None, checks),
+                          "checks": checks}))
     else:
         for c in checks:
-            print("%-4s %s: %s" % ("ok" if c["ok"] else "FAIL", c["check"], c["detail"]))
+            print("%-4s %s: %s" % ("ok" if c["ok"] else "busy" if c["detail"].startswith(healthmod.BUSY) else "FAIL",
+                                   c["check"], c["detail"]))
+        print(healthmod.summary(None, checks))
     sys.stdout.flush()
-    return 0 if healthy else healthmod.EXIT_UNHEALTHY
+    return rc
 
 
 def audit(ns: argparse.Namespace) -> int:
@@ -254,7 +282,8 @@ def audit(ns: argparse.Namespace) -> int:
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
             "allow_url": ns.allow_url, "special": ns.special,
             "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
-            "labels": labels, "strict_skips": ns.strict_skips, "cases": ns.case, "keep": ns.keep}
+            "labels": labels, "strict_skips": ns.strict_skips, "cases": ns.case, "keep": ns.keep,
+            "exclusive": ns.exclusive}
     if ns.counter_proof:
         rep = counterproof.run(ns.policy, opts)
         text = counterproof.to_markdown(rep)
@@ -268,6 +297,40 @@ def audit(ns: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(rep, indent=2, sort_keys=True) + "\n" if ns.json else text)
     sys.stdout.flush()
     return int(rep["exit"])
+
+
+def cordon(ns: argparse.Namespace, pol: policymod.Policy) -> int:
+    """``chv-cell cordon`` / ``uncordon``: one line saying what changed
+    ("cordoned", "already cordoned", "uncordoned", "not cordoned"); 0."""
+    import time  # noqa: PLC0415
+
+    from . import cordon as cordonmod  # noqa: PLC0415
+
+    if ns.action == "uncordon":
+        print("uncordoned" if cordonmod.clear(pol["state_dir"]) else "not cordoned")
+        return 0
+    by = os.environ.get("SUDO_USER") or "root"
+    new, rec = cordonmod.set_cordon(pol["state_dir"], ns.reason, by)
+    print("%s: %s" % ("cordoned" if new else "already cordoned", cordonmod.describe(rec, time.time())))
+    return 0
+
+
+def drain(ns: argparse.Namespace, pol: policymod.Policy) -> int:
+    """``chv-cell drain``: the progress line; 0 drained, EXIT_BUSY not yet."""
+    import time  # noqa: PLC0415
+
+    from . import cordon as cordonmod  # noqa: PLC0415
+    from .actions import slot_states  # noqa: PLC0415
+
+    deadline = time.monotonic() + max(0.0, ns.wait)
+    while True:
+        running = [(s["slot"], s["pid"], s["started"]) for s in slot_states(pol) if s["state"] == "running"]
+        if not running or time.monotonic() >= deadline:
+            break
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    print(cordonmod.drain_line(running, time.time(), cordonmod.read(pol["state_dir"])))
+    sys.stdout.flush()
+    return exits.EXIT_BUSY if running else 0
 
 
 def fast_run(verbose: bool, rest: Sequence[str]) -> Optional[int]:
@@ -314,7 +377,7 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
 
         sys.stdout.write(counterproof.catalog_markdown())
         return 0
-    if euid != 0 and ns.action in ("health", "audit", "warm"):
+    if euid != 0 and ns.action in ("health", "audit", "warm", "cordon", "uncordon", "drain"):
         logmod.log("chv-cell %s runs as root only" % ns.action)
         return exits.EXIT_CONFIG
     if ns.policy is None:
@@ -361,7 +424,11 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         return 0
 
     if ns.action == "status":
-        return print_status(pol)
+        return print_status(pol, as_json=ns.json)
+    if ns.action in ("cordon", "uncordon"):
+        return cordon(ns, pol)
+    if ns.action == "drain":
+        return drain(ns, pol)
     if ns.action == "read":
         return read_request(pol, agentmod.AgentRequest("read", ns.slot, None, None, False, False, [], None, ns.path))
 
@@ -386,4 +453,4 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
 
     cmd = _command(ns, ap)
     return start_run(pol, cmd, ns.slot, ns.timeout, ns.shared_network, ns.runtime_max, ns.status_fd,
-                     verbose=ns.verbose or ns.run_verbose)
+                     verbose=ns.verbose or ns.run_verbose, ignore_cordon=ns.ignore_cordon)

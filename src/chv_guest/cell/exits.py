@@ -6,3 +6,4 @@ EXIT_SETUP = 125  # the launcher could not start the cell (payload did not run)
 EXIT_BUSY = 75  # EX_TEMPFAIL: every candidate slot stayed busy until the timeout
 EXIT_CONFIG = 78  # EX_CONFIG: the policy file is unusable, or forbids what the run asked for
 EXIT_RUNTIME = 124  # the cell reached its wall-clock limit (runtime_max) and was stopped
+EXIT_CORDONED = 69  # EX_UNAVAILABLE: the guest is cordoned (chv-cell cordon); retry on another guest

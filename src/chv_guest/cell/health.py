@@ -17,6 +17,17 @@ The checks, each reported by name:
   would mean the packet got past it), and the ruleset's drop counters moved.
   The guest itself, at the cell's gateway on port 22, is always among them.
 
+The defaults live here, derived from the policy, so that a call by hand
+runs the gate's checks (site.yml passes only its destinations): the units
+DEFAULT_UNITS, and chv-browser.service when the policy names chv-browser's
+socket; the broker's client.py beside the launcher's package.
+
+A busy guest is not an unhealthy one: the cell runs in a free slot (the
+policy's ``health_slot`` when it reserves one); when every slot runs a
+cell, the checks that need none still run and the verdict is "busy"
+(exit EXIT_HEALTH_BUSY, ``"verdict": "busy"`` in --json), which the gate
+reports per host and does not count as a failure.
+
 The in-cell half of this file runs as a plain script inside the cell
 (``python3 -I health.py in-cell ARGS``): standard library only, no imports
 from the package."""
@@ -35,6 +46,10 @@ CONNECT_TIMEOUT = 3.0
 TIMED_OUT = "TimeoutError"
 GUEST_PROBE_PORT = 22
 EXIT_UNHEALTHY = 1
+EXIT_HEALTH_BUSY = 75  # exits.EXIT_BUSY (this file's in-cell half imports nothing of the package)
+DEFAULT_UNITS = ("chv-cell-nat.service", "chv-broker.socket")
+BROWSER_UNIT = "chv-browser.service"
+BUSY = "busy, not unhealthy"
 
 
 class Check(TypedDict):
@@ -159,12 +174,50 @@ def verdict(request: Mapping[str, Any], units: Mapping[str, Tuple[Mapping[str, s
     return checks
 
 
+def default_units(browser_socket: str) -> List[str]:
+    """The units the checks need by default (pure): DEFAULT_UNITS, and
+    chv-browser's when the policy names its socket (``browser_socket``)."""
+    return list(DEFAULT_UNITS) + ([BROWSER_UNIT] if browser_socket else [])
+
+
+def free_slots(names: Sequence[str], busy: Sequence[str], reserved: Optional[str] = None) -> List[str]:
+    """The slots the health cell may take (pure), in the policy's order:
+    the reserved one alone when there is one, else every slot not ``busy``."""
+    if reserved:
+        return [] if reserved in busy else [reserved]
+    return [n for n in names if n not in busy]
+
+
+def busy_check(busy: Sequence[str]) -> Check:
+    """The ``cell runs`` check of a guest whose slots are all busy."""
+    return _check("cell runs", False, "%s: every slot the check may use runs a cell (%s)" % (BUSY, ", ".join(busy)))
+
+
+def outcome(checks: Sequence[Check]) -> str:
+    """healthy, busy (only the cell could not run: every slot busy) or unhealthy (pure)."""
+    bad = [c for c in checks if not c["ok"]]
+    if not bad:
+        return "healthy"
+    if all(c["check"] == "cell runs" and c["detail"].startswith(BUSY) for c in bad):
+        return "busy"
+    return "unhealthy"
+
+
+def exit_code(checks: Sequence[Check]) -> int:
+    """0 healthy, EXIT_HEALTH_BUSY busy, EXIT_UNHEALTHY unhealthy."""
+    return {"healthy": 0, "busy": EXIT_HEALTH_BUSY}.get(outcome(checks), EXIT_UNHEALTHY)
+
+
 def summary(host: Optional[str], checks: Sequence[Check]) -> str:
-    """One line: healthy, or each failed check with what it saw (``host:`` first when given)."""
+    """One line: healthy, busy, or each failed check with what it saw (``host:`` first when given)."""
     bad = [c for c in checks if not c["ok"]]
     prefix = "" if host is None else "%s: " % host
-    if not bad:
+    verdict_ = outcome(checks)
+    if verdict_ == "healthy":
         return "%shealthy (%d checks)" % (prefix, len(checks))
+    if verdict_ == "busy":
+        return "%s%s (%d other checks ok; the cell's checks wait for a free slot)" % (
+            prefix, bad[0]["detail"], len(checks) - len(bad))
     return "%sUNHEALTHY: %s" % (prefix, "; ".join("%s: %s" % (c["check"], c["detail"]) for c in bad))
 
 
@@ -185,20 +238,48 @@ def read_counters() -> Optional[Dict[str, int]]:
     return {i["counter"]["name"]: i["counter"]["packets"] for i in items if "counter" in i}
 
 
-def run(policy_path: str, units: Sequence[str], request: Mapping[str, Any],
+def _lib() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def default_broker_client() -> str:
+    """chv-broker's client.py beside the launcher's package (where the roles install both)."""
+    return os.path.join(_lib(), "chv_guest", "broker", "client.py")
+
+
+def run(policy_path: str, units: Optional[Sequence[str]], request: Mapping[str, Any],
         claim_timeout: float = 30.0) -> List[Check]:
-    """The checks on this guest: units before, a cell with the probe,
-    counters around it, units after."""
+    """The checks on this guest: units before, a cell with the probe in a
+    free slot (none when every slot is busy: the busy verdict), counters
+    around it, units after.  ``units`` None: the policy's defaults
+    (default_units); ``request["broker_client"]`` None: default_broker_client."""
+    from . import policy as policymod  # noqa: PLC0415 (the in-cell half imports nothing of the package)
+    from . import records  # noqa: PLC0415
+
+    pol = policymod.load(policy_path)
+    units = default_units(pol["browser_socket"]) if units is None else list(units)
+    request = dict(request)
+    if request.get("broker_client") is None:
+        request["broker_client"] = default_broker_client()
     before = {u: _unit_props(u) for u in units}
+    busy = [s["name"] for s in pol["slots"] if records.payload_running(pol, s)]
+    reserved = pol.get("health_slot")
+    free = free_slots([s["name"] for s in pol["slots"]], busy, reserved)
+    if not free:
+        time.sleep(0.5)  # a unit in a restart loop moves NRestarts within this window too
+        after = {u: _unit_props(u) for u in units}
+        return [unit_check(u, before[u], after[u]) for u in sorted(units)] + [busy_check(busy)]
     counters_before = read_counters()
-    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    argv = [sys.executable, "-I", os.path.join(lib, "chv-cell"), "--policy", policy_path, "run",
-            "--timeout", str(claim_timeout), "--", "python3", "-I", os.path.abspath(__file__), "in-cell",
-            json.dumps(request)]
+    argv = [sys.executable, "-I", os.path.join(_lib(), "chv-cell"), "--policy", policy_path, "run",
+            "--ignore-cordon", "--timeout", str(claim_timeout)] + (["--slot", reserved] if reserved else []) + [
+            "--", "python3", "-I", os.path.abspath(__file__), "in-cell", json.dumps(request)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=claim_timeout + 120)
     counters_after = read_counters()
     time.sleep(0.5)  # a unit in a restart loop moves NRestarts within this window too
     after = {u: _unit_props(u) for u in units}
+    if proc.returncode == EXIT_HEALTH_BUSY:  # the free slots were taken meanwhile
+        busy = [s["name"] for s in pol["slots"] if records.payload_running(pol, s)] or free
+        return [unit_check(u, before[u], after[u]) for u in sorted(units)] + [busy_check(busy)]
     cell = {"rc": proc.returncode, "out": proc.stdout, "err": proc.stderr}
     return verdict(request, {u: (before[u], after[u]) for u in units}, cell, counters_before, counters_after)
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import select
 import signal
+import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import claim as claimmod
+from . import cordon as cordonmod
 from . import policy as policymod
 from .errors import Interrupted
-from .exits import EXIT_CONFIG
+from .exits import EXIT_CONFIG, EXIT_CORDONED
 from .log import log
 from .signals import HANGUP_EVENTS, hangup_reason, hangup_watch_fds
 from .status import status_record, write_status
@@ -63,6 +65,8 @@ class Launcher:
         self.payload_started = False
         self.payload_exit: Optional[int] = None
         self.warm_reported = False  # a warm cell ran the payload and said how it ended (handover.py)
+        # the health gate's own run on a host its rollout cordoned (chv-cell run --ignore-cordon, root's)
+        self.ignore_cordon = False
 
     def debug(self, msg: str) -> None:
         if self.verbose:
@@ -156,10 +160,18 @@ class Launcher:
         except ValueError as exc:
             log(str(exc))
             return EXIT_CONFIG
+        if not self.ignore_cordon:
+            cordoned = cordonmod.read(p["state_dir"])
+            if cordoned is not None:
+                log(cordonmod.refusal(cordoned, time.time()))
+                self.stage = "cordoned"
+                return EXIT_CORDONED
         rc = self.preflight()
         if rc is not None:
             return rc
-        slots = [s for s in p["slots"] if slot_name in (None, s["name"])]
+        # a run without --slot never takes the health gate's reserved slot
+        slots = [s for s in p["slots"] if s["name"] == slot_name
+                 or (slot_name is None and s["name"] != p.get("health_slot"))]
         if not slots:
             log(self.no_slot(slot_name))
             return EXIT_CONFIG

@@ -161,6 +161,10 @@ DEFAULTS = {
     # Slots whose cells are kept started, waiting for a payload
     # (chv-cell warm; docs/cells.md "Warm cells"): names of slots.
     "warm_slots": [],
+    # The slot chv-cell health (the rollout's gate) runs its cell in, kept
+    # free of other runs: chv-cell run without --slot never takes it. None:
+    # the health cell takes any free slot (docs/operations.md "The health gate").
+    "health_slot": None,
     # chv-cell read (chv_cell/slotfiles.py): the largest file it copies out of a slot
     "read_max_bytes": 64 * 1024 * 1024,
     "slots": [],
@@ -610,6 +614,7 @@ def validate(obj: object) -> List[str]:
     else:
         _check_slots(p["slots"], errors)
     _check_warm(p, errors)
+    _check_health_slot(p, errors)
     return errors
 
 
@@ -640,6 +645,21 @@ def _check_warm(p: Policy, errors: List[str]) -> None:
             errors.append("warm_slots: %r is not a slot of this policy" % w)
     if len(set(warm)) != len(warm):
         errors.append("warm_slots: a slot is named twice")
+
+
+def _check_health_slot(p: Policy, errors: List[str]) -> None:
+    """health_slot: None, or a slot of the policy that is no warm slot (with
+    more slots than it, else no run could start)."""
+    h = p["health_slot"]
+    if h is None:
+        return
+    names = [s.get("name") for s in p["slots"] if isinstance(s, dict)] if isinstance(p["slots"], list) else []
+    if not isinstance(h, str) or h not in names:
+        errors.append("health_slot: %r is not a slot of this policy" % (h,))
+    elif isinstance(p["warm_slots"], list) and h in p["warm_slots"]:
+        errors.append("health_slot: %r is a warm slot too" % h)
+    elif len(names) < 2:
+        errors.append("health_slot: %r is the only slot: no run could start" % h)
 
 
 def effective_runtime_max(policy_max: float, requested: Optional[float]) -> float:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, TypedDict
 from .exits import EXIT_RUNTIME
 from .log import log
 
-VERDICTS = ("ran", "runtime", "signal", "setup", "busy", "config", "unknown")
+VERDICTS = ("ran", "runtime", "signal", "setup", "busy", "config", "cordoned", "unknown")
 
 
 if TYPE_CHECKING:  # a TypedDict compiles its annotations at import (about 1 ms): for the checker only
@@ -27,7 +27,7 @@ def status_record(rc: int, stage: Optional[str], slot: Optional[str] = None, pay
                   payload_exit: Optional[int] = None) -> StatusRecord:
     """The verdict of a run that ended with ``rc`` (pure; the verdicts:
     docs/executor.md).  ``stage``, how far the run got: "config", "setup",
-    "busy" or "signal" (before a cell ran: the verdict), "claimed" (a cold
+    "busy", "signal" or "cordoned" (before a cell ran: the verdict), "claimed" (a cold
     cell in ``slot``, or a warm one whose launcher said how the payload
     ended) or "warm" (one that did not)."""
     if stage == "claimed":
@@ -41,7 +41,7 @@ def status_record(rc: int, stage: Optional[str], slot: Optional[str] = None, pay
             verdict = "setup"  # the payload did not start, or the teardown failed after it
     elif stage == "warm":
         verdict = "unknown"  # a warm launcher that did not say how the payload ended
-    elif stage in ("config", "setup", "busy", "signal"):
+    elif stage in ("config", "setup", "busy", "signal", "cordoned"):
         verdict = stage
     else:
         raise ValueError("unknown stage %r" % (stage,))

@@ -98,6 +98,7 @@ def read_state(opts: argparse.Namespace) -> statemod.State:
         ruleset_digests=dict((p, file_sha256(p)) for p in paths),
         units=units, systemctl_show=show.decode("utf-8", errors="replace") if src == 0 else None,
         audit=read_text(opts.audit_report), audit_mtime=audit_mtime,
+        cordoned=os.path.isfile(os.path.join(opts.state_dir, "cordon")),
         duration=time.monotonic() - start)
 
 

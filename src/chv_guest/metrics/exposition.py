@@ -52,6 +52,8 @@ METRICS: Tuple[Family, ...] = (
            "1 when the slot's cell record names a process that is gone (a launcher killed before its cleanup).",
            ("slot",)),
     Family("chv_cell_start_time_seconds", "gauge", "When the slot's running cell started (Unix time).", ("slot",)),
+    Family("chv_cell_cordoned", "gauge",
+           "1 when the host is cordoned (chv-cell cordon): new cells are refused, running ones go on.", ()),
     Family("chv_nft_table_present", "gauge", "1 when table inet chv_cell is loaded.", ()),
     Family("chv_nft_ruleset_applied", "gauge",
            "1 when the ruleset files (cell-nat.nft and the door drop-ins) are those chv-cell-nat.service last loaded "

@@ -69,6 +69,8 @@ class State(NamedTuple):
     audit_mtime: Optional[float]
     # how long the reading took
     duration: float
+    # the host's cordon marker (<state_dir>/cordon, chv-cell cordon) is there; None: not read
+    cordoned: Optional[bool] = None
 
 
 def sha256(data: bytes) -> str:
@@ -105,6 +107,8 @@ def cell_samples(state: State) -> List[Sample]:
     longer names): running, a stale record, and the running cell's start."""
     slots = policy_slots(state.policy) or []
     out: List[Sample] = [sample("chv_metrics_source_up", 1, source="cells")]
+    if state.cordoned is not None:
+        out.append(sample("chv_cell_cordoned", 1 if state.cordoned else 0))
     for slot in sorted(set(slots) | set(state.records)):
         text = state.records.get(slot)
         record: Any = None

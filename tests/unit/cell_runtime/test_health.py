@@ -132,3 +132,79 @@ def test_the_in_cell_probe_against_real_sockets(tmp_path):
     assert report["deny"] == {deny: report["deny"][deny]} and report["deny"][deny].startswith("ConnectionRefusedError")
     assert report["gateway"] is None
     assert "broker" not in report
+
+
+# ----------------------------------------------------------- a busy guest
+
+def test_the_health_cell_takes_a_free_slot_or_the_reserved_one():
+    names = ["slot0", "slot1", "slot2"]
+    assert health.free_slots(names, []) == names
+    assert health.free_slots(names, ["slot0", "slot2"]) == ["slot1"]  # every slot but one busy: that one
+    assert health.free_slots(names, names) == []
+    assert health.free_slots(names, ["slot0", "slot1"], reserved="slot2") == ["slot2"]
+    assert health.free_slots(names, ["slot2"], reserved="slot2") == []
+
+
+def test_busy_is_its_own_verdict_and_exit_code():
+    from chv_guest.cell import exits
+
+    assert health.EXIT_HEALTH_BUSY == exits.EXIT_BUSY != health.EXIT_UNHEALTHY
+    checks = [health.unit_check("chv-broker.socket", ACTIVE, ACTIVE), health.busy_check(["slot0", "slot1"])]
+    assert health.outcome(checks) == "busy" and health.exit_code(checks) == health.EXIT_HEALTH_BUSY
+    assert health.summary("g1", checks) == (
+        "g1: busy, not unhealthy: every slot the check may use runs a cell (slot0, slot1) "
+        "(1 other checks ok; the cell's checks wait for a free slot)")
+    # a failed unit on a busy guest is unhealthy
+    checks[0] = health.unit_check("chv-broker.socket", ACTIVE, dict(ACTIVE, ActiveState="failed"))
+    assert health.outcome(checks) == "unhealthy" and health.exit_code(checks) == health.EXIT_UNHEALTHY
+    assert health.summary(None, checks).startswith("UNHEALTHY: unit chv-broker.socket")
+    good = health.verdict(REQUEST, {}, _cell(GOOD), {"drop_x": 0}, {"drop_x": 1})
+    assert health.outcome(good) == "healthy" and health.exit_code(good) == 0
+
+
+def test_the_default_units_are_the_gates():
+    assert health.default_units("/run/chv-browser/browser.sock") == [
+        "chv-cell-nat.service", "chv-broker.socket", "chv-browser.service"]
+    assert health.default_units("") == ["chv-cell-nat.service", "chv-broker.socket"]
+    assert health.default_broker_client().endswith("/chv_guest/broker/client.py")
+
+
+@pytest.mark.parametrize("value,error", [
+    (None, None), ("slot1", None),
+    ("slot9", "health_slot: 'slot9' is not a slot of this policy"),
+    (1, "health_slot: 1 is not a slot of this policy"),
+])
+def test_the_reserved_health_slot_is_a_slot_of_the_policy(raw_policy, value, error):
+    from chv_guest.cell import policy as policymod
+
+    errors = policymod.validate(dict(raw_policy, health_slot=value))
+    assert errors == ([] if error is None else [error])
+    assert policymod.validate(dict(raw_policy, health_slot="slot0", warm_slots=["slot0"])) == [
+        "health_slot: 'slot0' is a warm slot too"]
+    assert policymod.validate(dict(raw_policy, health_slot="slot0", slots=raw_policy["slots"][:1])) == [
+        "health_slot: 'slot0' is the only slot: no run could start"]
+
+
+def test_a_run_without_slot_never_takes_the_reserved_health_slot(policy, tmp_path):
+    from test_launcher import _Launcher
+
+    la = _Launcher(dict(policy, health_slot="slot0"), str(tmp_path))
+    assert la.run(["true"]) == 3 and la.ran[-1][0]["name"] == "slot1"
+    assert la.run(["true"], slot_name="slot0") == 3 and la.ran[-1][0]["name"] == "slot0"  # health's own --slot
+
+
+def test_the_gate_passes_no_unit_so_a_call_by_hand_runs_the_same_checks():
+    import os
+
+    import yaml
+
+    from testpaths import ROOT
+
+    with open(os.path.join(ROOT, "playbooks", "site.yml")) as fh:
+        plays = yaml.safe_load(fh)
+    gate = [t for p in plays for t in p.get("post_tasks", []) if t["name"].startswith("Run the health gate")]
+    assert len(gate) == 1
+    argv = gate[0]["ansible.builtin.command"]["argv"]
+    assert "'health', '--json'" in argv and "--unit" not in argv
+    stop = [t for p in plays for t in p.get("post_tasks", []) if t["name"].startswith("Stop the rollout")][0]
+    assert "__chv_fleet_health.rc not in [0, %d]" % health.EXIT_HEALTH_BUSY in stop["when"]

@@ -40,7 +40,7 @@ def fixture_state(**changes):
         loaded_sha256=_read("loaded.sha256"), table_sha256=_read("table.sha256"),
         ruleset_digests={RULESET: hashlib.sha256(_read("cell-nat.nft", "rb")).hexdigest()},
         units=UNITS, systemctl_show=_read("systemctl-show.txt"),
-        audit=_read("audit.json"), audit_mtime=NOW - 7200, duration=0.0125)
+        audit=_read("audit.json"), audit_mtime=NOW - 7200, duration=0.0125, cordoned=False)
     return base._replace(**changes)
 
 
@@ -299,3 +299,9 @@ def test_the_module_runs_as_python_m_on_the_guest_python(tmp_path):
                           text=True, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "chv_nft_table_present 1" in proc.stdout.splitlines()
+
+
+def test_a_cordoned_host_shows_in_the_metrics():
+    assert values(fixture_state(cordoned=True))[("chv_cell_cordoned",)] == 1
+    assert values(fixture_state(cordoned=False))[("chv_cell_cordoned",)] == 0
+    assert ("chv_cell_cordoned",) not in values(fixture_state(cordoned=None))  # not read: no sample

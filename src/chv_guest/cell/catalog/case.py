@@ -73,6 +73,8 @@ class Case:
     loosening: Union[Loosening, str]
     # judged from the lifecycle runs after cell A's (a counter-proof run, the cells only, skips it)
     lifecycle: bool = False
+    # needs every slot of the guest free (a cell in each): run only with --exclusive
+    every_slot: bool = False
     # the ruleset's counter (roles/cell_nat) that this case's drops must move
     drop_counter: Optional[str] = None
 

@@ -145,7 +145,8 @@ def _ten06(case: Case, facts: Facts) -> Result:
 
 def _ten07(case: Case, facts: Facts) -> Result:
     g = facts["guest"]
-    busy, forged = g.get("busy"), g.get("forged") or {}
+    # the control: LIFE-03's busy run, or (without --exclusive) one in cell A's slot while the audit held its lock
+    busy, forged = g.get("busy") or g.get("busy_control"), g.get("forged") or {}
     if busy is None:
         return skip(g.get("busy_skip", "every slot idle") + " (the control is LIFE-03's busy run)")
     record, real = forged.get("record") or {}, busy.get("extra_record") or {}
@@ -156,7 +157,8 @@ def _ten07(case: Case, facts: Facts) -> Result:
                 "status record: %s; the payload's write to the fd: %s"
                 % (json.dumps(record, sort_keys=True) if record else "none", forged.get("write")),
                 real.get("verdict") == "busy" and real.get("exit") == exits.EXIT_BUSY,
-                "LIFE-03's busy run: %s" % (json.dumps(real, sort_keys=True) if real else "no record"))
+                "%s: %s" % ("LIFE-03's busy run" if g.get("busy") else "a run in cell A's held slot",
+                            json.dumps(real, sort_keys=True) if real else "no record"))
 
 
 def _ten08(case: Case, facts: Facts) -> Result:
@@ -242,7 +244,8 @@ CASES = [
     Case("TEN-07", (), "The launcher's verdict cannot be forged by the payload",
          "a payload prints a busy launcher's words, writes to the --status-fd number and exits 75: the "
          "status record says it ran, exit 75, and the payload's write failed",
-         "a real busy run (every slot held, LIFE-03) with --status-fd records verdict busy", _ten07,
+         "a real busy run with --status-fd records verdict busy (LIFE-03's, every slot held; without --exclusive one "
+         "in cell A's slot while the audit holds its lock)", _ten07,
          "the launcher starts every cell with the fds above 2 closed: no policy hands the status fd to a "
          "payload", lifecycle=True),
     Case("TEN-08", ("plant",), "A reader of a slot's files never follows what the cell planted",

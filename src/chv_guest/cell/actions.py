@@ -76,11 +76,15 @@ def launcher_for(pol: policymod.Policy, verbose: bool = False,
 
 def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
               shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool = False,
-              caller: Optional[str] = None) -> int:
+              caller: Optional[str] = None, task: Optional[str] = None, caller_uid: int = 0) -> int:
     """A run with the launcher of the policy's platform; its exit code.
     ``status_fd`` (None: none) must be open for writing; the launcher writes
     its verdict there.  macOS cells do not report one yet: refused there
-    (78)."""
+    (78).  ``task``: a turn of that task of ``caller_uid`` (tasks.py), in
+    its slot only (Linux only)."""
+    if task is not None:
+        return _start_turn(pol, command, task, caller_uid, timeout, shared_network, runtime_max, status_fd,
+                           verbose, caller)
     if status_fd is not None:
         problem = status_fd_problem(status_fd)
         if problem:
@@ -95,10 +99,46 @@ def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str]
                         runtime_max=runtime_max)
 
 
-def run_request(pol: policymod.Policy, req: AgentRequest, caller: Optional[str] = None) -> int:
+def _start_turn(pol: policymod.Policy, command: Sequence[str], task: str, caller_uid: int,
+                timeout: Optional[float], shared_network: bool, runtime_max: Optional[float],
+                status_fd: Optional[int], verbose: bool, caller: Optional[str]) -> int:
+    """``run --task``: the task's checks (tasks.check_run), then a run in its slot."""
+    from . import tasks  # noqa: PLC0415 (turns of tasks only)
+
+    if status_fd is not None:
+        problem = status_fd_problem(status_fd)
+        if problem:
+            logmod.log(problem)
+            return exits.EXIT_CONFIG
+    if pol["platform"] != "linux":
+        logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
+        return refuse_with_status(status_fd)
+    rc, slot = tasks.check_run(pol, task, caller_uid)
+    if slot is None:
+        if status_fd is not None:
+            write_status(status_fd, status_record(rc, "config"))
+        return rc
+    launcher = launcher_for(pol, verbose=verbose, caller=caller)
+    launcher.status_fd = status_fd
+    launcher.task_id = task
+    return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
+                        runtime_max=runtime_max)
+
+
+def run_request(pol: policymod.Policy, req: AgentRequest, caller: Optional[str] = None, caller_uid: int = 0) -> int:
     """Run an agent.AgentRequest of action run; its exit code."""
     return start_run(pol, req.command, req.slot, req.timeout, req.shared_network, req.runtime_max, req.status_fd,
-                     verbose=req.verbose, caller=caller)
+                     verbose=req.verbose, caller=caller, task=req.task, caller_uid=caller_uid)
+
+
+def task_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int) -> int:
+    """``chv-cell task VERB`` (an agent.AgentRequest of action task) for ``caller_uid``; its exit code."""
+    from . import tasks  # noqa: PLC0415
+
+    if pol["platform"] != "linux":
+        logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
+        return exits.EXIT_CONFIG
+    return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl)
 
 
 def read_request(pol: policymod.Policy, req: AgentRequest) -> int:

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from typing import Any, Dict, List, Optional
 
 from . import policy as policymod
@@ -128,6 +129,14 @@ def all_records(policy: policymod.Policy) -> List[Dict[str, Any]]:
             if rec is not None:
                 out.append(rec)
     return sorted(out, key=lambda r: (float(r.get("created", 0)), r["task"]))
+
+
+def touch(policy: policymod.Policy, task_id: str) -> None:
+    """A turn of the task ended (its slot's lock still held): its last use is now."""
+    rec = read(policy, task_id)
+    if rec is not None and not rec.get("ending"):
+        rec["last_used"] = round(time.time(), 3)
+        write(policy, rec)
 
 
 def reserved_by(policy: policymod.Policy, slot_name: str) -> Optional[str]:

@@ -213,14 +213,6 @@ def listing(policy: policymod.Policy, uid: int) -> List[Dict[str, Any]]:
     return [taskrec.public(r, policy) for r in taskrec.all_records(policy) if taskrec.may_use(r, uid)]
 
 
-def touch(policy: policymod.Policy, task_id: str) -> None:
-    """A turn of the task ended (its slot's lock still held): its last use is now."""
-    rec = taskrec.read(policy, task_id)
-    if rec is not None and not rec.get("ending"):
-        rec["last_used"] = round(time.time(), 3)
-        taskrec.write(policy, rec)
-
-
 def command(policy: policymod.Policy, verb: str, uid: int, task_id: Optional[str] = None,
             ttl: Optional[float] = None, out: Optional[Callable[[str], object]] = None) -> int:
     """One ``chv-cell task VERB``: its JSON on stdout; its exit code (the

@@ -159,3 +159,24 @@ def test_an_abandoned_task_expires(env, sudo_env):  # noqa: F811
     assert os.listdir(slot_dirs(s, third["slot"])[1]) == []
     task(m, s, "end", kept["task"])
     assert records(s) == []
+
+
+def test_the_agent_refuses_every_other_task_form(env, sudo_env):  # noqa: F811
+    s = sudo_env
+    m = s["member"]
+    bad = [["task", "reap"], ["task", "start", "--policy", env["policy"]], ["--policy", env["policy"], "task", "list"],
+           ["task", "end", "../../etc/passwd"], ["task", "start", "--ttl", "0"], ["task", "list", "--all"],
+           ["run", "--task", "0" * 32, "--slot", "slot0", "--", "true"], ["task"]]
+    for args in bad:
+        for argv in ([s["chv_cell"], *args], ["sudo", "-n", s["agent"], *args]):
+            r = user_run(m, argv)
+            assert r.returncode == 78 and r.stdout == "", (argv, r.returncode, r.stderr)
+            assert r.stderr.startswith("chv-cell: "), (argv, r.stderr)
+    assert records(s) == []
+    # control: the allowed forms, straight at the agent too, start and end a task whose turn runs a real cell
+    r = user_run(m, ["sudo", "-n", s["agent"], "task", "start", "--ttl", "60"])
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)
+    assert turn(m, s, t["task"], "echo ran").stdout == "ran\n"
+    assert user_run(m, ["sudo", "-n", s["agent"], "task", "end", t["task"]]).returncode == 0
+    assert records(s) == []

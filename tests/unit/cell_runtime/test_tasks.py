@@ -284,3 +284,17 @@ def test_command_prints_json_and_exits_with_the_reason(pol, emptied, capsys):
     assert tasks.command(pol, "end", OTHER, rec["task"], out=out.append) == exits.EXIT_NO_TASK
     assert "task %s: no such task of yours" % rec["task"] in capsys.readouterr().err
     assert tasks.command(pol, "list", OWNER, out=out.append) == 0 and json.loads(out[-1])[0]["task"] == rec["task"]
+
+
+def test_a_non_root_task_command_goes_to_sudo_or_is_refused_before(monkeypatch):
+    from chv_guest.cell import agent, cli
+
+    calls = []
+    monkeypatch.setattr(agent, "delegate", lambda *a: calls.append(a) or 0)
+    assert cli.main(["task", "list"], euid=1000) == 0
+    assert calls == [(False, False, "task", ["list"])]
+    monkeypatch.undo()
+    # the wrapper's own filter: refused with 78, sudo never asked
+    monkeypatch.setattr(agent, "sudo_problem", lambda *a: pytest.fail("sudo asked"))
+    for args in (["task", "reap"], ["task", "end", "x"], ["--policy", "/x", "task", "list"]):
+        assert cli.main(args, euid=1000) == exits.EXIT_CONFIG, args

@@ -173,8 +173,10 @@ def owned(policy: policymod.Policy, task_id: str, uid: int, now: Optional[float]
         raise TaskError(exits.EXIT_NO_TASK, "task %s: no such task of yours (uid %d)" % (task_id, uid))
     if taskrec.expired(rec, time.time() if now is None else now):
         reap(policy, now=now)
-        raise TaskError(exits.EXIT_TASK_EXPIRED, "task %s: expired (unused for longer than its ttl of %gs); "
-                        "torn down" % (task_id, float(rec["ttl"])))
+        if taskrec.read(policy, task_id) is None or rec.get("ending"):
+            raise TaskError(exits.EXIT_TASK_EXPIRED, "task %s: expired (unused for longer than its ttl of %gs); "
+                            "torn down" % (task_id, float(rec["ttl"])))
+        # not reaped: a turn of it runs (its slot's lock is held), so it is in use, not expired
     return rec
 
 

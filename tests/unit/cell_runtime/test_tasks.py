@@ -234,6 +234,11 @@ def test_owned_names_the_reason(pol, emptied):
     with pytest.raises(tasks.TaskError) as exc:
         tasks.owned(pol, t["task"], OTHER, now=t["last_used"] + 1)
     assert exc.value.code == exits.EXIT_NO_TASK
+    held = claimmod.try_claim(argvmod.cell_paths(pol, pol["slots"][0])["lock"])
+    try:  # a turn of it runs longer than its ttl: in use, not expired
+        assert tasks.owned(pol, t["task"], OWNER, now=t["last_used"] + 11)["task"] == t["task"]
+    finally:
+        held.release()
     with pytest.raises(tasks.TaskError) as exc:
         tasks.owned(pol, t["task"], OWNER, now=t["last_used"] + 11)
     assert exc.value.code == exits.EXIT_TASK_EXPIRED and t["task"] in str(exc.value)

@@ -131,6 +131,45 @@ def all_records(policy: policymod.Policy) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda r: (float(r.get("created", 0)), r["task"]))
 
 
+TOMBSTONE_KEEP = 86400.0  # how long an expired task's owner is told "expired" rather than "no such task"
+
+
+def tombstone_path(policy: policymod.Policy, task_id: str) -> str:
+    if not valid_id(task_id):
+        raise ValueError("%r is not a task id" % task_id)
+    return os.path.join(tasks_dir(policy), "expired", task_id)
+
+
+def write_tombstone(policy: policymod.Policy, rec: Dict[str, Any]) -> None:
+    """Remember for TOMBSTONE_KEEP seconds that the task expired (its owner's uid only)."""
+    os.makedirs(os.path.dirname(tombstone_path(policy, rec["task"])), mode=0o700, exist_ok=True)
+    write_atomic(tombstone_path(policy, rec["task"]), "%d\n" % int(rec["owner"]), 0o600)
+
+
+def expired_owner(policy: policymod.Policy, task_id: str) -> Optional[int]:
+    """The owner of a task that expired (within TOMBSTONE_KEEP), or None."""
+    try:
+        fd = os.open(tombstone_path(policy, task_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as fh:
+            return int(fh.read(32).strip())
+    except (OSError, ValueError):
+        return None
+
+
+def prune_tombstones(policy: policymod.Policy, now: float) -> None:
+    d = os.path.join(tasks_dir(policy), "expired")
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return
+    for n in names:
+        try:
+            if valid_id(n) and now - os.lstat(os.path.join(d, n)).st_mtime > TOMBSTONE_KEEP:
+                os.unlink(os.path.join(d, n))
+        except FileNotFoundError:
+            pass
+
+
 def touch(policy: policymod.Policy, task_id: str) -> None:
     """A turn of the task ended (its slot's lock still held): its last use is now."""
     rec = read(policy, task_id)

@@ -90,6 +90,7 @@ def teardown(policy: policymod.Policy, rec: Dict[str, Any], logf: Log = log) -> 
 def reap(policy: policymod.Policy, now: Optional[float] = None, logf: Log = log) -> List[str]:
     """Tear down every expired task whose slot is free (no turn runs); the ids torn down."""
     done = []
+    taskrec.prune_tombstones(policy, time.time())
     for rec in taskrec.all_records(policy):
         if not taskrec.expired(rec, time.time() if now is None else now):
             continue
@@ -106,6 +107,7 @@ def reap(policy: policymod.Policy, now: Optional[float] = None, logf: Log = log)
             if cur is None or not taskrec.expired(cur, time.time() if now is None else now):
                 continue
             teardown(policy, cur, logf)
+            taskrec.write_tombstone(policy, cur)
             logf("task %s: expired (last used %.0fs ago, ttl %gs): torn down, slot %s free"
                  % (cur["task"], time.time() - float(cur["last_used"]), float(cur["ttl"]), cur["slot"]))
             done.append(cur["task"])
@@ -164,13 +166,23 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
             held.release()
 
 
+def _no_task(policy: policymod.Policy, task_id: str, uid: int) -> TaskError:
+    """The answer for a task ``uid`` has no live record of: expired (its
+    owner, within a day of the expiry) or no such task of yours."""
+    owner = taskrec.expired_owner(policy, task_id) if taskrec.valid_id(task_id) else None
+    if owner is not None and uid in (0, owner):
+        return TaskError(exits.EXIT_TASK_EXPIRED, "task %s: expired (unused for longer than its ttl) and torn down"
+                         % task_id)
+    return TaskError(exits.EXIT_NO_TASK, "task %s: no such task of yours (uid %d)" % (task_id, uid))
+
+
 def owned(policy: policymod.Policy, task_id: str, uid: int, now: Optional[float] = None) -> Dict[str, Any]:
     """The record of a live task ``uid`` may use; TaskError otherwise (no
     such task, not the caller's: the same answer; expired: torn down when
     its slot is free)."""
     rec = taskrec.read(policy, task_id) if taskrec.valid_id(task_id) else None
     if rec is None or not taskrec.may_use(rec, uid):
-        raise TaskError(exits.EXIT_NO_TASK, "task %s: no such task of yours (uid %d)" % (task_id, uid))
+        raise _no_task(policy, task_id, uid)
     if taskrec.expired(rec, time.time() if now is None else now):
         reap(policy, now=now)
         if taskrec.read(policy, task_id) is None or rec.get("ending"):
@@ -186,7 +198,7 @@ def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[floa
     tear it all down; what it prints."""
     rec = taskrec.read(policy, task_id) if taskrec.valid_id(task_id) else None
     if rec is None or not taskrec.may_use(rec, uid):
-        raise TaskError(exits.EXIT_NO_TASK, "task %s: no such task of yours (uid %d)" % (task_id, uid))
+        raise _no_task(policy, task_id, uid)
     slot = _slot(policy, rec["slot"])
     wait = float(policy["claim_timeout"] if timeout is None else timeout)
     try:

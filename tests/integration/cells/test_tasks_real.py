@@ -46,7 +46,7 @@ def turn(user, s, task_id, script, expect=0):
 
 def records(s):
     d = os.path.join(s["pol"]["state_dir"], "tasks")
-    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+    return sorted(n for n in os.listdir(d) if n.endswith(".json")) if os.path.isdir(d) else []
 
 
 def slot_dirs(s, name):

@@ -226,6 +226,18 @@ def test_expired_tasks_are_reaped_unless_a_turn_runs(pol, emptied):
         held.release()
     assert tasks.reap(pol, now=now, logf=lambda m: None) == [a["task"]]
     assert taskrec.read(pol, a["task"]) is None and taskrec.read(pol, b["task"]) is not None  # control
+    # its owner (and only its owner) learns it expired, after the reap too
+    for uid, code in ((OWNER, exits.EXIT_TASK_EXPIRED), (OTHER, exits.EXIT_NO_TASK)):
+        with pytest.raises(tasks.TaskError) as exc:
+            tasks.owned(pol, a["task"], uid)
+        assert exc.value.code == code
+    with pytest.raises(tasks.TaskError) as exc:
+        tasks.end(pol, a["task"], OWNER)
+    assert exc.value.code == exits.EXIT_TASK_EXPIRED and "expired" in str(exc.value)
+    old = taskrec.tombstone_path(pol, a["task"])
+    os.utime(old, (1, 1))
+    taskrec.prune_tombstones(pol, now)
+    assert not os.path.exists(old)
 
 
 def test_owned_names_the_reason(pol, emptied):

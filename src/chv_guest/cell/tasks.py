@@ -52,7 +52,7 @@ def _lock(policy: policymod.Policy, slot: policymod.Slot) -> str:
     return argvmod.cell_paths(policy, slot)["lock"]
 
 
-def empty_slot(policy: policymod.Policy, slot: policymod.Slot, logf: Log = log) -> None:
+def empty_slot(policy: policymod.Policy, slot: policymod.Slot) -> None:
     """Empty everything of the slot a task leaves (the caller holds its
     lock): a cell a dead launcher left is killed first (runner's reap), then
     the workspace, the agent state dir and the screenshots are emptied
@@ -77,13 +77,13 @@ def empty_slot(policy: policymod.Policy, slot: policymod.Slot, logf: Log = log) 
     ensure_slot_dir(paths["agent_state"], slot["uid_base"])
 
 
-def teardown(policy: policymod.Policy, rec: Dict[str, Any], logf: Log = log) -> None:
+def teardown(policy: policymod.Policy, rec: Dict[str, Any]) -> None:
     """Tear the task down (the caller holds its slot's lock): marked
     ``ending`` first (an end that fails half-way is finished by the next
     reap), the slot emptied, then the record removed (the slot is free)."""
     rec = dict(rec, ending=True)
     taskrec.write(policy, rec)
-    empty_slot(policy, _slot(policy, rec["slot"]), logf)
+    empty_slot(policy, _slot(policy, rec["slot"]))
     taskrec.remove(policy, rec["task"])
 
 
@@ -106,7 +106,7 @@ def reap(policy: policymod.Policy, now: Optional[float] = None, logf: Log = log)
             cur = taskrec.read(policy, rec["task"])
             if cur is None or not taskrec.expired(cur, time.time() if now is None else now):
                 continue
-            teardown(policy, cur, logf)
+            teardown(policy, cur)
             taskrec.write_tombstone(policy, cur)
             logf("task %s: expired (last used %.0fs ago, ttl %gs): torn down, slot %s free"
                  % (cur["task"], time.time() - float(cur["last_used"]), float(cur["ttl"]), cur["slot"]))
@@ -156,7 +156,7 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
                 taken.add(slot["name"])  # a task took it between the look and the lock
                 continue
             try:
-                empty_slot(policy, slot, logf)
+                empty_slot(policy, slot)
             except (SetupError, OSError) as exc:
                 raise TaskError(exits.EXIT_SETUP, "cannot prepare slot %s for a task: %s" % (slot["name"], exc))
             rec = taskrec.new_record(taskrec.new_id(), slot["name"], owner, life, time.time())
@@ -192,8 +192,7 @@ def owned(policy: policymod.Policy, task_id: str, uid: int, now: Optional[float]
     return rec
 
 
-def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[float] = None,
-        logf: Log = log) -> Dict[str, Any]:
+def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[float] = None) -> Dict[str, Any]:
     """``task end``: wait for the task's running turn (up to claim_timeout),
     tear it all down; what it prints."""
     rec = taskrec.read(policy, task_id) if taskrec.valid_id(task_id) else None
@@ -212,7 +211,7 @@ def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[floa
             raise TaskError(exits.EXIT_NO_TASK, "task %s: ended meanwhile (expired or ended by another call)"
                             % task_id)
         try:
-            teardown(policy, cur, logf)
+            teardown(policy, cur)
         except (SetupError, OSError) as exc:
             raise TaskError(exits.EXIT_SETUP, "task %s: the teardown failed (the next reap retries it): %s"
                             % (task_id, exc))

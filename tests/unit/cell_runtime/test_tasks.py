@@ -30,7 +30,7 @@ def pol(policy, tmp_path):
 def emptied(monkeypatch):
     """tasks.empty_slot faked: the slots emptied, in order."""
     got = []
-    monkeypatch.setattr(tasks, "empty_slot", lambda pol, slot, logf=None: got.append(slot["name"]))
+    monkeypatch.setattr(tasks, "empty_slot", lambda pol, slot: got.append(slot["name"]))
     return got
 
 

@@ -141,10 +141,19 @@ def task_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int) -> i
     return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl)
 
 
-def read_request(pol: policymod.Policy, req: AgentRequest) -> int:
+def read_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int = 0) -> int:
     """``chv-cell read`` (an agent.AgentRequest of action read): the slot's
-    file on stdout (slotfiles.py); its exit code."""
+    file on stdout (slotfiles.py); its exit code.  A slot a task owns is
+    read only for the task's owner (``caller_uid``) and root (67)."""
     from . import slotfiles  # noqa: PLC0415
+    from . import taskrec  # noqa: PLC0415
+
+    owner_task = taskrec.reserved_by(pol, cast(str, req.slot))
+    rec = taskrec.read(pol, owner_task) if owner_task else None
+    if rec is not None and not taskrec.may_use(rec, caller_uid):
+        logmod.log("read: slot %s belongs to a task of another user (uid %d may not read it)"
+                   % (req.slot, caller_uid))
+        return exits.EXIT_NO_TASK
 
     sys.stdout.flush()
     # a read request names both (agent._parse_read, main)

@@ -307,7 +307,7 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     if req.action == "status":
         return actions.print_status(pol)
     if req.action == "read":
-        return actions.read_request(pol, req)
+        return actions.read_request(pol, req, caller.uid)
     if req.action == "task":
         return actions.task_request(pol, req, caller.uid)
     return actions.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid),

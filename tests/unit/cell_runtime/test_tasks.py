@@ -315,3 +315,21 @@ def test_a_non_root_task_command_goes_to_sudo_or_is_refused_before(monkeypatch):
     monkeypatch.setattr(agent, "sudo_problem", lambda *a: pytest.fail("sudo asked"))
     for args in (["task", "reap"], ["task", "end", "x"], ["--policy", "/x", "task", "list"]):
         assert cli.main(args, euid=1000) == exits.EXIT_CONFIG, args
+
+
+def test_read_of_a_tasks_slot_is_its_owners(pol, emptied, tmp_path):
+    from chv_guest.cell import actions, agent
+
+    t = tasks.start(pol, OWNER)
+    ws = os.path.join(pol["workspace_root"], t["slot"])
+    os.makedirs(ws, exist_ok=True)
+    with open(os.path.join(ws, "r.txt"), "w") as fh:
+        fh.write("result\n")
+    uid = next(s["uid_base"] for s in pol["slots"] if s["name"] == t["slot"])
+    for p in (ws, os.path.join(ws, "r.txt")):
+        os.chown(p, uid, uid)
+    req = agent.AgentRequest("read", t["slot"], None, None, False, False, [], None, "r.txt")
+    assert actions.read_request(pol, req, OTHER) == exits.EXIT_NO_TASK
+    # control: the owner and root read it
+    for who in (OWNER, 0):
+        assert actions.read_request(pol, req, who) == 0

@@ -120,6 +120,10 @@ def test_only_the_owner_uses_or_ends_a_task(env, sudo_env, second):  # noqa: F81
         r = turn(second, s, t["task"], "cat /home/chv/m", expect=67)
         assert "task %s: no such task of yours" % t["task"] in r.stderr and r.stdout == ""
         r = task(second, s, "end", t["task"], expect=67)
+        r = user_run(second, [s["chv_cell"], "read", "--slot", t["slot"], "/home/chv/m"])
+        assert r.returncode == 67 and r.stdout == "", r.stderr
+        r = user_run(m, [s["chv_cell"], "read", "--slot", t["slot"], "/home/chv/m"])  # control
+        assert r.returncode == 0 and r.stdout == "mine\n", r.stderr
         assert [x["task"] for x in task(second, s, "list")] == []
         assert [x["task"] for x in task(m, s, "list")] == [t["task"]]
         # control: the other user's own task runs a real cell, in the other slot, without the owner's file

@@ -107,11 +107,16 @@ def launcher_for(pol: policymod.Policy, verbose: bool = False,
 
 def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
               shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool = False,
-              caller: Optional[str] = None, ignore_cordon: bool = False) -> int:
+              caller: Optional[str] = None, ignore_cordon: bool = False, task: Optional[str] = None,
+              caller_uid: int = 0) -> int:
     """A run with the launcher of the policy's platform; its exit code.
     ``status_fd`` (None: none) must be open for writing; the launcher writes
     its verdict there.  macOS cells do not report one yet: refused there
-    (78)."""
+    (78).  ``task``: a turn of that task of ``caller_uid`` (tasks.py), in
+    its slot only (Linux only)."""
+    if task is not None:
+        return _start_turn(pol, command, task, caller_uid, timeout, shared_network, runtime_max, status_fd,
+                           verbose, caller)
     if status_fd is not None:
         problem = status_fd_problem(status_fd)
         if problem:
@@ -127,16 +132,62 @@ def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str]
                         runtime_max=runtime_max)
 
 
-def run_request(pol: policymod.Policy, req: AgentRequest, caller: Optional[str] = None) -> int:
+def _start_turn(pol: policymod.Policy, command: Sequence[str], task: str, caller_uid: int,
+                timeout: Optional[float], shared_network: bool, runtime_max: Optional[float],
+                status_fd: Optional[int], verbose: bool, caller: Optional[str]) -> int:
+    """``run --task``: the task's checks (tasks.check_run), then a run in its slot."""
+    from . import tasks  # noqa: PLC0415 (turns of tasks only)
+
+    if status_fd is not None:
+        problem = status_fd_problem(status_fd)
+        if problem:
+            logmod.log(problem)
+            return exits.EXIT_CONFIG
+    if pol["platform"] != "linux":
+        logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
+        return refuse_with_status(status_fd)
+    rc, slot = tasks.check_run(pol, task, caller_uid)
+    if slot is None:
+        if status_fd is not None:
+            write_status(status_fd, status_record(rc, "config"))
+        return rc
+    launcher = launcher_for(pol, verbose=verbose, caller=caller)
+    launcher.status_fd = status_fd
+    launcher.task_id = task
+    launcher.ignore_cordon = True  # a cordon stops new tasks (tasks.start), not the turns of a started one
+    return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
+                        runtime_max=runtime_max)
+
+
+def run_request(pol: policymod.Policy, req: AgentRequest, caller: Optional[str] = None, caller_uid: int = 0) -> int:
     """Run an agent.AgentRequest of action run; its exit code."""
     return start_run(pol, req.command, req.slot, req.timeout, req.shared_network, req.runtime_max, req.status_fd,
-                     verbose=req.verbose, caller=caller)
+                     verbose=req.verbose, caller=caller, task=req.task, caller_uid=caller_uid)
 
 
-def read_request(pol: policymod.Policy, req: AgentRequest) -> int:
+def task_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int) -> int:
+    """``chv-cell task VERB`` (an agent.AgentRequest of action task) for ``caller_uid``; its exit code."""
+    from . import tasks  # noqa: PLC0415
+
+    if pol["platform"] != "linux":
+        logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
+        return exits.EXIT_CONFIG
+    return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl)
+
+
+def read_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int = 0) -> int:
     """``chv-cell read`` (an agent.AgentRequest of action read): the slot's
-    file on stdout (slotfiles.py); its exit code."""
+    file on stdout (slotfiles.py); its exit code.  A slot a task owns is
+    read only for the task's owner (``caller_uid``) and root (67)."""
     from . import slotfiles  # noqa: PLC0415
+    from . import taskrec  # noqa: PLC0415
+
+    owner_task = taskrec.reserved_by(pol, cast(str, req.slot))
+    rec = taskrec.read(pol, owner_task) if owner_task else None
+    if rec is not None and not taskrec.may_use(rec, caller_uid):
+        logmod.log("read: slot %s belongs to a task of another user (uid %d may not read it)"
+                   % (req.slot, caller_uid))
+        return exits.EXIT_NO_TASK
 
     sys.stdout.flush()
     # a read request names both (agent._parse_read, main)

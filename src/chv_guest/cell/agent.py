@@ -25,8 +25,9 @@ AGENT_NAME = "chv-cell-agent"
 SUDO = "/usr/bin/sudo"
 GROUP_VARIABLE = "chv_cell_agent_group"
 
-USAGE = ("usage: chv-cell run [--slot NAME] [--timeout SECONDS] [--runtime-max SECONDS] [--status-fd N] [-v] "
-         "-- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH")
+USAGE = ("usage: chv-cell run [--slot NAME | --task ID] [--timeout SECONDS] [--runtime-max SECONDS] [--status-fd N] "
+         "[-v] -- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH | chv-cell task start [--ttl SECONDS] "
+         "| chv-cell task end ID | chv-cell task list")
 
 _SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")  # as policy._SLOT_RE
 _SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
@@ -34,9 +35,12 @@ TIMEOUT_MAX = 86400.0  # --timeout: at most a day of waiting for a slot
 _FD_RE = re.compile(r"^[0-9]{1,4}$")
 STATUS_FD_MAX = 1023  # --status-fd: 3 .. 1023
 READ_PATH_MAX = 4096  # read PATH: at most PATH_MAX characters
+_TASK_RE = re.compile(r"^[0-9a-f]{32}\Z")  # as taskrec.TASK_ID_RE
+TASK_VERBS = ("start", "end", "list")  # `task reap` is root's (the timer's), never the agent's
 
 
-# status_fd: run's --status-fd (None without); path: read's PATH.
+# status_fd: run's --status-fd (None without); path: read's PATH; task: run's
+# --task or task end's ID; ttl: task start's --ttl; verb: task's verb.
 class AgentRequest(NamedTuple):
     action: str
     slot: Optional[str]
@@ -47,6 +51,9 @@ class AgentRequest(NamedTuple):
     command: List[str]
     status_fd: Optional[int] = None
     path: Optional[str] = None
+    task: Optional[str] = None
+    ttl: Optional[float] = None
+    verb: Optional[str] = None
 
 
 class Refused(Exception):
@@ -61,13 +68,14 @@ def _seconds(option: str, value: str, lowest_exclusive: bool) -> float:
     v = float(value)
     if lowest_exclusive and v <= 0:
         raise Refused("%s must be > 0 seconds" % option)
-    limit = TIMEOUT_MAX if option == "--timeout" else policymod.RUNTIME_MAX_LIMIT
+    limit = {"--timeout": TIMEOUT_MAX, "--ttl": float(policymod.TASK_TTL_LIMIT)}.get(option,
+                                                                                 policymod.RUNTIME_MAX_LIMIT)
     if v > limit:
         raise Refused("%s %s is above the limit of %gs" % (option, value, limit))
     return v
 
 
-_VALUE_OPTIONS = ("--slot", "--timeout", "--runtime-max", "--status-fd")
+_VALUE_OPTIONS = ("--slot", "--task", "--timeout", "--runtime-max", "--status-fd")
 _FLAG_OPTIONS = {"-v": "verbose", "--verbose": "verbose", "--shared-network": "shared_network"}
 
 
@@ -105,6 +113,40 @@ def _parse_read(rest: Sequence[str]) -> AgentRequest:
     return AgentRequest("read", slot, None, None, False, False, [], None, path)
 
 
+def _task_id(value: str) -> str:
+    if not _TASK_RE.match(value):
+        raise Refused("%r is not a task id (32 hex digits, as task start printed it)" % value)
+    return value
+
+
+def _parse_task(rest: Sequence[str]) -> AgentRequest:
+    """``task start [--ttl S]``, ``task end ID`` or ``task list``: nothing else."""
+    if not rest or rest[0] not in TASK_VERBS:
+        raise Refused("task needs one of %s, not %r" % (", ".join(TASK_VERBS), rest[0] if rest else ""))
+    verb, args = rest[0], list(rest[1:])
+    none = AgentRequest("task", None, None, None, False, False, [], verb=verb)
+    if verb == "list":
+        if args:
+            raise Refused("task list takes no arguments (got %r)" % args[0])
+        return none
+    if verb == "end":
+        if len(args) != 1:
+            raise Refused("task end needs exactly one task ID (got %d arguments)" % len(args))
+        return none._replace(task=_task_id(args[0]))
+    if not args:
+        return none
+    name, eq, value = args[0].partition("=")
+    if name != "--ttl":
+        raise Refused("option %r is not allowed for task start (allowed: --ttl)" % args[0])
+    if not eq:
+        if len(args) < 2:
+            raise Refused("--ttl needs a value")
+        value = args[1]
+    if len(args) != (1 if eq else 2):
+        raise Refused("task start takes only --ttl SECONDS (got %r)" % args[1 if eq else 2])
+    return none._replace(ttl=_seconds("--ttl", value, lowest_exclusive=True))
+
+
 def parse_agent_args(args: Iterable[str]) -> AgentRequest:
     """Accept exactly ``status``, ``read --slot NAME [--] PATH`` or ``run
     OPTIONS... -- CMD...`` (USAGE; docs/executor.md): each option at most
@@ -121,8 +163,10 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
         return AgentRequest("status", None, None, None, False, False, [])
     if action == "read":
         return _parse_read(rest)
+    if action == "task":
+        return _parse_task(rest)
     if action != "run":
-        raise Refused("only run, status and read are allowed here, not %r" % action)
+        raise Refused("only run, status, read and task are allowed here, not %r" % action)
     if "--" not in rest:
         raise Refused("run needs '--' before the command")
     sep = rest.index("--")
@@ -141,8 +185,8 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
             name, eq, value = tok.partition("=")
             if name not in _VALUE_OPTIONS:
                 if tok.startswith("-"):
-                    raise Refused("option %r is not allowed (allowed: --slot, --timeout, --runtime-max, --status-fd, "
-                                  "-v, --shared-network)" % tok)
+                    raise Refused("option %r is not allowed (allowed: --slot, --task, --timeout, --runtime-max, "
+                                  "--status-fd, -v, --shared-network)" % tok)
                 raise Refused("unexpected argument %r before '--'" % tok)
             if not eq:
                 if i + 1 >= len(opts):
@@ -155,6 +199,8 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
             if name == "--slot":
                 if not _SLOT_RE.match(value):
                     raise Refused("--slot %r is not a slot name" % value)
+            elif name == "--task":
+                value = _task_id(value)
             elif name == "--status-fd":
                 if not _FD_RE.match(value) or not 3 <= int(value) <= STATUS_FD_MAX:
                     raise Refused("--status-fd %r must be a file descriptor number from 3 to %d (0-2 are the "
@@ -165,8 +211,11 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
         if key in got:
             raise Refused("%s given twice" % tok.partition("=")[0])
         got[key] = value
+    if "task" in got and "slot" in got:
+        raise Refused("--task and --slot do not go together (a task's turns run in its slot)")
     return AgentRequest("run", got.get("slot"), got.get("timeout"), got.get("runtime_max"),
-                        bool(got.get("shared_network")), bool(got.get("verbose")), command, got.get("status_fd"))
+                        bool(got.get("shared_network")), bool(got.get("verbose")), command, got.get("status_fd"),
+                        task=got.get("task"))
 
 
 def render_agent_args(req: AgentRequest) -> List[str]:
@@ -177,9 +226,18 @@ def render_agent_args(req: AgentRequest) -> List[str]:
         return ["status"]
     if req.action == "read":
         return ["read", "--slot", cast(str, req.slot), "--", cast(str, req.path)]  # _parse_read sets both
+    if req.action == "task":
+        out = ["task", cast(str, req.verb)]
+        if req.verb == "end":
+            out.append(cast(str, req.task))
+        elif req.ttl is not None:
+            out += ["--ttl", _fmt(req.ttl)]
+        return out
     out = ["run"]
     if req.slot is not None:
         out += ["--slot", req.slot]
+    if req.task is not None:
+        out += ["--task", req.task]
     if req.timeout is not None:
         out += ["--timeout", _fmt(req.timeout)]
     if req.runtime_max is not None:
@@ -249,8 +307,11 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     if req.action == "status":
         return actions.print_status(pol)
     if req.action == "read":
-        return actions.read_request(pol, req)
-    return actions.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid))
+        return actions.read_request(pol, req, caller.uid)
+    if req.action == "task":
+        return actions.task_request(pol, req, caller.uid)
+    return actions.run_request(pol, req, caller="%s (uid %d) through sudo" % (caller.user, caller.uid),
+                               caller_uid=caller.uid)
 
 
 def _status_fd_problem(req: AgentRequest) -> Optional[str]:

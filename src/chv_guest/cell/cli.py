@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", allow_abbrev=False, help="claim a free slot and run CMD in a cell")
     r.add_argument("-v", "--verbose", dest="run_verbose", action="store_true", help="same as chv-cell -v run")
     r.add_argument("--slot", help="use only this slot (default: the first free one)")
+    r.add_argument("--task", metavar="ID", help="a turn of this task (chv-cell task start), in its slot")
     r.add_argument("--timeout", type=float, help="seconds to wait for a free slot (default: policy claim_timeout)")
     r.add_argument(
         "--shared-network",
@@ -143,6 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs, %d while some do (read-only: chv-cell cordon first)" % exits.EXIT_BUSY)
     dr.add_argument("--wait", type=float, default=0.0, metavar="S",
                     help="wait up to S seconds for the cells to end before printing (default 0: look once)")
+
+    t = sub.add_parser("task", allow_abbrev=False,
+                       help="a task: a slot of its own from start to end, fresh and emptied again at the end "
+                       "(docs/executor.md 'Tasks'; exit %d no such task of yours, %d expired)"
+                       % (exits.EXIT_NO_TASK, exits.EXIT_TASK_EXPIRED))
+    tsub = t.add_subparsers(dest="verb", required=True)
+    ts = tsub.add_parser("start", allow_abbrev=False, help="claim a free slot for a new task; print its JSON")
+    ts.add_argument("--ttl", type=float, metavar="S", help="tear the task down S seconds after its last use "
+                    "(default and upper bound: the policy's task_ttl)")
+    te = tsub.add_parser("end", allow_abbrev=False, help="tear the task down and free its slot")
+    te.add_argument("id", metavar="ID")
+    tsub.add_parser("list", allow_abbrev=False, help="the caller's live tasks (root: all)")
+    tsub.add_parser("reap", allow_abbrev=False, help="tear down the expired tasks (root; the timer's)")
 
     w = sub.add_parser("warm", allow_abbrev=False,
                        help="keep one cell of a warm slot (policy warm_slots) started and waiting for a payload, "
@@ -361,7 +375,7 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     euid = os.geteuid() if euid is None else euid
     top = agentmod.split_top(args)
     if euid != 0:
-        if top is not None and top[2] in ("run", "status", "read") and not _asks_for_help(top[3]):
+        if top is not None and top[2] in ("run", "status", "read", "task") and not _asks_for_help(top[3]):
             return agentmod.delegate(*top)
     elif top is not None and top[2] == "run" and not top[1] and not _asks_for_help(top[3]):
         rc = fast_run(top[0], top[3])
@@ -369,7 +383,7 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
             return rc
     ap = build_parser()
     ns = ap.parse_args(args)
-    if euid != 0 and ns.action in ("run", "status", "read"):
+    if euid != 0 and ns.action in ("run", "status", "read", "task"):
         logmod.log("as a non-root user, run and status take exactly this form: %s" % agentmod.USAGE)
         return exits.EXIT_CONFIG
     if ns.action == "audit" and ns.list:
@@ -432,6 +446,10 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     if ns.action == "read":
         return read_request(pol, agentmod.AgentRequest("read", ns.slot, None, None, False, False, [], None, ns.path))
 
+    if ns.action == "task":
+        from . import tasks  # noqa: PLC0415
+
+        return tasks.command(pol, ns.verb, tasks.caller_uid(), getattr(ns, "id", None), getattr(ns, "ttl", None))
     if ns.action == "health":
         return health(ns)
     if ns.action == "warm":
@@ -452,5 +470,9 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
             return exits.EXIT_CONFIG
 
     cmd = _command(ns, ap)
+    if ns.task is not None and ns.slot is not None:
+        logmod.log("--task and --slot do not go together (a task's turns run in its slot)")
+        return exits.EXIT_CONFIG
     return start_run(pol, cmd, ns.slot, ns.timeout, ns.shared_network, ns.runtime_max, ns.status_fd,
-                     verbose=ns.verbose or ns.run_verbose, ignore_cordon=ns.ignore_cordon)
+                     verbose=ns.verbose or ns.run_verbose, ignore_cordon=ns.ignore_cordon, task=ns.task,
+                     caller_uid=0)

@@ -67,6 +67,7 @@ class Launcher:
         self.warm_reported = False  # a warm cell ran the payload and said how it ended (handover.py)
         # the health gate's own run on a host its rollout cordoned (chv-cell run --ignore-cordon, root's)
         self.ignore_cordon = False
+        self.task_id: Optional[str] = None  # a turn of this task (tasks.py): only its slot, no other
 
     def debug(self, msg: str) -> None:
         if self.verbose:
@@ -188,7 +189,10 @@ class Launcher:
         try:
             return self.run_claimed(slot, command, shared_network, runtime_max)
         finally:
-            held.release()
+            try:
+                self.before_release(slot)
+            finally:
+                held.release()
 
     # -- what each launcher decides ---------------------------------------
     def refusal(self, shared_network: bool) -> Optional[str]:
@@ -212,6 +216,9 @@ class Launcher:
     def run_claimed(self, slot: policymod.Slot, command: Sequence[str], shared_network: bool,
                     runtime_max: float) -> int:
         raise NotImplementedError
+
+    def before_release(self, slot: policymod.Slot) -> None:
+        """Called once the run in ``slot`` is over, its lock still held."""
 
     def report(self, rc: int) -> None:
         """Called with the run's exit code once the cell has stopped."""

@@ -67,6 +67,8 @@ REQUIRED_DROPPED_CAPS = frozenset(
 USERNS_GUARD_CAP = "CAP_SYS_RESOURCE"
 # Upper bound of runtime_max (seconds): a year.
 RUNTIME_MAX_LIMIT = 366 * 86400
+# Upper bound of task_ttl (seconds): a week.
+TASK_TTL_LIMIT = 7 * 86400
 REQUIRED_DENIED_SYSCALLS = frozenset(["io_uring_setup", "io_uring_enter", "io_uring_register"])
 
 KNOWN_RLIMITS = frozenset(
@@ -149,6 +151,10 @@ DEFAULTS = {
     # of AF_* names, or "any" for no filter.
     "socket_families": list(familiesmod.DEFAULT_FAMILIES),
     "runtime_max": 0,
+    # A task's time to live (seconds, docs/executor.md "Tasks"): a task whose
+    # last turn ended longer ago than this is torn down (role variable
+    # chv_cell_task_ttl); `chv-cell task start --ttl S` may only lower it.
+    "task_ttl": 3600.0,
     # The per-slot disk quota (chv_cell/disk.py): null for none, or a size
     # such as "2G"; set, the launcher refuses a run unless the slot's
     # workspace and home are on the slot's own file system of at most this size.
@@ -597,6 +603,11 @@ def validate(obj: object) -> List[str]:
     v = p["runtime_max"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= RUNTIME_MAX_LIMIT:
         errors.append("runtime_max: must be a number of seconds between 0 (no limit) and %d" % RUNTIME_MAX_LIMIT)
+
+    v = p["task_ttl"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= TASK_TTL_LIMIT:
+        errors.append("task_ttl: must be a number of seconds between 1 and %d (role variable chv_cell_task_ttl)"
+                      % TASK_TTL_LIMIT)
 
     errors.extend(familiesmod.validate(p["socket_families"]))
     bsock = p["browser_socket"]

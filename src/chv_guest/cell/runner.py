@@ -12,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import argv as argvmod
 from . import cgroups
@@ -24,8 +24,9 @@ from . import launcher as launchermod
 from . import policy as policymod
 from . import records
 from . import resolver
+from . import taskrec
 from .errors import Interrupted, RuntimeLimit, SetupError
-from .exits import EXIT_BUSY, EXIT_RUNTIME, EXIT_SETUP
+from .exits import EXIT_BUSY, EXIT_NO_TASK, EXIT_RUNTIME, EXIT_SETUP
 from .fsutil import ensure_dir, ensure_dir_beneath, ensure_slot_dir, is_mountpoint, unlink, write_atomic
 from .log import log
 
@@ -46,6 +47,10 @@ def _start(cmd: Sequence[str], data: str) -> subprocess.Popen[bytes]:
         pass
     proc.stdin = None  # written and closed: communicate() only reads
     return proc
+
+
+class TaskGone(Exception):
+    """The task of a turn ended (or expired) before its slot was claimed."""
 
 
 class Launcher(launchermod.Launcher):
@@ -313,12 +318,16 @@ class Launcher(launchermod.Launcher):
         p = self.policy
         try:
             ensure_dir(p["state_dir"], 0o700)
-            warm = [] if shared_network else [s for s in slots if s["name"] in p["warm_slots"]]
+            warm = [] if shared_network or self.task_id else [s for s in slots if s["name"] in p["warm_slots"]]
             claimed = self._claim(slots, warm, wait, command, runtime_max)
         except claimmod.SlotBusy:
             log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(s["name"] for s in slots), wait))
             self.stage = "busy"
             return EXIT_BUSY
+        except TaskGone:
+            log("task %s: ended or expired before its turn could start" % self.task_id)
+            self.stage = "config"
+            return EXIT_NO_TASK
         except Interrupted as exc:
             if exc.reason:
                 log("%s; giving up waiting for a slot (exit %d, as on SIGHUP)" % (exc.reason, 128 + exc.signum))
@@ -356,13 +365,36 @@ class Launcher(launchermod.Launcher):
                 if time.monotonic() - start > self.policy["start_timeout"]:
                     cold = locks
             try:
-                return claimmod.claim_any(cold, 0, sleep=self.sleep, label=launchermod.slot_name)
+                return self._claim_open(cold)
             except claimmod.SlotBusy:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
             self.sleep(min(delay, left))
             delay = min(delay * 1.5, 0.5)
+
+    def _slot_open(self, slot: policymod.Slot) -> bool:
+        """The slot may run this launcher's payload: a plain run's slot is
+        no task's, a turn's slot is its task's (taskrec.py)."""
+        return taskrec.reserved_by(self.policy, slot["name"]) == self.task_id
+
+    def _claim_open(self, locks: List[Tuple[policymod.Slot, str]]) -> Tuple[policymod.Slot, claimmod.Claim]:
+        """One try at the locks of the slots open to this run (SlotBusy when
+        none is free).  Checked again once locked: a task's start reserves
+        its slot holding the lock (TaskGone: the turn's task is gone)."""
+        open_locks = locks if self.task_id else [lk for lk in locks if self._slot_open(lk[0])]
+        slot, held = claimmod.claim_any(open_locks, 0, sleep=self.sleep, label=launchermod.slot_name)
+        if self._slot_open(slot):
+            return slot, held
+        held.release()
+        if self.task_id:
+            raise TaskGone()
+        raise claimmod.SlotBusy(slot["name"])
+
+    def before_release(self, slot: policymod.Slot) -> None:
+        """A turn's task was used now (its TTL counts from here)."""
+        if self.task_id:
+            taskrec.touch(self.policy, self.task_id)
 
     def run_claimed(self, slot: policymod.Slot, command: Sequence[str], shared_network: bool,
                     runtime_max: float) -> int:

@@ -235,9 +235,13 @@ class WarmCell(runner.Launcher):
         while True:
             try:
                 held = claimmod.try_claim(lock)
-                break
             except claimmod.SlotBusy:
                 self.sleep(0.5)
+                continue
+            if self._slot_open(slot):
+                break
+            held.release()  # a task owns the slot (warm_slots changed under it): no warm cell until it ends
+            self.sleep(0.5)
         self.t0 = time.monotonic()  # the cell's start, for -v's timings
         return slot, held
 

@@ -22,6 +22,7 @@ from chv_guest.cell import fsutil, runner, signals
 from testpaths import SRC
 
 SUDO_ENV = {"SUDO_UID": "1000", "SUDO_USER": "chv"}
+TASK_ID = "0123456789abcdef0123456789abcdef"
 
 
 # ---------------------------------------------------------------- the filter
@@ -34,6 +35,16 @@ SUDO_ENV = {"SUDO_UID": "1000", "SUDO_USER": "chv"}
          agent.AgentRequest("run", "slot1", 2.5, 60.0, False, True, ["sh", "-c", "x"])),
         (["run", "--slot=slot0", "--timeout=0", "--runtime-max=0.5", "--verbose", "--shared-network", "--", "a"],
          agent.AgentRequest("run", "slot0", 0.0, 0.5, True, True, ["a"])),
+        (["run", "--task", TASK_ID, "--status-fd", "3", "--", "true"],
+         agent.AgentRequest("run", None, None, None, False, False, ["true"], 3, task=TASK_ID)),
+        (["task", "start"], agent.AgentRequest("task", None, None, None, False, False, [], verb="start")),
+        (["task", "start", "--ttl", "60"],
+         agent.AgentRequest("task", None, None, None, False, False, [], verb="start", ttl=60.0)),
+        (["task", "start", "--ttl=0.5"],
+         agent.AgentRequest("task", None, None, None, False, False, [], verb="start", ttl=0.5)),
+        (["task", "end", TASK_ID],
+         agent.AgentRequest("task", None, None, None, False, False, [], verb="end", task=TASK_ID)),
+        (["task", "list"], agent.AgentRequest("task", None, None, None, False, False, [], verb="list")),
         # everything after the first -- is the payload's, verbatim
         (["run", "--", "--policy", "/x", "--", "status"],
          agent.AgentRequest("run", None, None, None, False, False, ["--policy", "/x", "--", "status"])),
@@ -49,9 +60,9 @@ def test_allowed_shapes(args, expected):
     "args, says",
     [
         ([], "no subcommand"),
-        (["argv", "--", "true"], "only run, status and read"),
-        (["validate-policy", "/x"], "only run, status and read"),
-        (["--policy", "/x", "run", "--", "true"], "only run, status and read"),
+        (["argv", "--", "true"], "only run, status, read and task"),
+        (["validate-policy", "/x"], "only run, status, read and task"),
+        (["--policy", "/x", "run", "--", "true"], "only run, status, read and task"),
         (["run", "--policy=/x", "--", "true"], "'--policy=/x' is not allowed"),
         (["run", "--policy", "/x", "--", "true"], "'--policy' is not allowed"),
         (["run", "--pol", "/x", "--", "true"], "'--pol' is not allowed"),
@@ -76,6 +87,26 @@ def test_allowed_shapes(args, expected):
         (["run", "-vv", "--", "true"], "'-vv' is not allowed"),
         (["run", "slot0", "--", "true"], "unexpected argument 'slot0'"),
         (["run", "--verbose=1", "--", "true"], "'--verbose=1' is not allowed"),
+        # tasks: exactly start [--ttl S], end ID, list; never reap (root's), never --policy
+        (["task"], "task needs one of start, end, list"),
+        (["task", "reap"], "task needs one of start, end, list, not 'reap'"),
+        (["task", "--policy", "/x", "start"], "not '--policy'"),
+        (["task", "start", "--policy", "/x"], "'--policy' is not allowed for task start"),
+        (["task", "start", "--ttl"], "--ttl needs a value"),
+        (["task", "start", "--ttl", "0"], "must be > 0"),
+        (["task", "start", "--ttl", "604801"], "above the limit"),
+        (["task", "start", "--ttl", "1e3"], "plain number"),
+        (["task", "start", "--ttl", "5", "--ttl", "6"], "takes only --ttl"),
+        (["task", "start", "--ttl=5", "x"], "takes only --ttl"),
+        (["task", "list", "--all"], "task list takes no arguments"),
+        (["task", "end"], "exactly one task ID"),
+        (["task", "end", TASK_ID, TASK_ID], "exactly one task ID"),
+        (["task", "end", "../" + TASK_ID[3:]], "not a task id"),
+        (["task", "end", TASK_ID.upper()], "not a task id"),
+        (["task", "end", TASK_ID + "0"], "not a task id"),
+        (["run", "--task", "x", "--", "true"], "not a task id"),
+        (["run", "--task", TASK_ID, "--slot", "slot0", "--", "true"], "--task and --slot do not go together"),
+        (["run", "--task", TASK_ID, "--task", TASK_ID, "--", "true"], "given twice"),
     ],
 )
 def test_refused_shapes(args, says):
@@ -90,6 +121,19 @@ def oracle(args):
 
     if args == ["status"]:
         return True
+    num = r"[0-9]{1,9}(\.[0-9]{1,9})?"
+    if args[:1] == ["task"]:
+        rest = args[1:]
+        if rest in (["list"], ["start"]):
+            return True
+        if len(rest) == 2 and rest[0] == "end":
+            return bool(re.fullmatch(r"[0-9a-f]{32}", rest[1]))
+        ttl = None
+        if len(rest) == 3 and rest[:2] == ["start", "--ttl"]:
+            ttl = rest[2]
+        elif len(rest) == 2 and rest[0] == "start" and rest[1].startswith("--ttl="):
+            ttl = rest[1][len("--ttl="):]
+        return ttl is not None and bool(re.fullmatch(num, ttl)) and 0 < float(ttl) <= policymod.TASK_TTL_LIMIT
     if args and args[0] == "read":
         rest = args[1:]
         if len(rest) >= 2 and rest[0] == "--slot":
@@ -110,9 +154,9 @@ def oracle(args):
     opts, cmd = args[1:sep], args[sep + 1:]
     if not cmd or not cmd[0]:
         return False
-    num = r"[0-9]{1,9}(\.[0-9]{1,9})?"
     value_ok = {
         "--slot": lambda v: re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", v),
+        "--task": lambda v: re.fullmatch(r"[0-9a-f]{32}", v),
         "--timeout": lambda v: re.fullmatch(num, v) and float(v) <= 86400,
         "--runtime-max": lambda v: re.fullmatch(num, v) and 0 < float(v) <= policymod.RUNTIME_MAX_LIMIT,
         "--status-fd": lambda v: re.fullmatch(r"[0-9]{1,4}", v) and 3 <= int(v) <= 1023,
@@ -132,13 +176,15 @@ def oracle(args):
         if key in seen:
             return False
         seen.add(key)
-    return True
+    return not {"--slot", "--task"} <= seen
 
 
 TOKENS = ["run", "status", "argv", "validate-policy", "--", "-v", "--verbose", "--policy", "--policy=/x", "/x",
           "--shared-network", "--slot", "--slot=slot0", "slot0", "--timeout", "--timeout=1", "1", "0", "-1", "1e9",
           "--runtime-max", "0.5", "-h", "--help", "--pol", "", "true", "sh", "-c", "--json", "x=y", "--slot=", "nan",
-          "read", "--status-fd", "--status-fd=3", "2", "3", "/workspace/r.txt", "-x"]
+          "read", "--status-fd", "--status-fd=3", "2", "3", "/workspace/r.txt", "-x",
+          "task", "start", "end", "list", "reap", "--ttl", "--ttl=60", "604801", "--task", TASK_ID, "--task=" + TASK_ID,
+          TASK_ID.upper(), TASK_ID[:-1]]
 
 
 def _accepted(args):
@@ -208,7 +254,7 @@ def _policy_file(tmp_path, raw_policy, **kw):
     "args, env, euid, says",
     [
         (["run", "--policy=/x", "--", "true"], SUDO_ENV, 0, "'--policy=/x' is not allowed"),
-        (["argv", "--", "true"], SUDO_ENV, 0, "only run, status and read"),
+        (["argv", "--", "true"], SUDO_ENV, 0, "only run, status, read and task"),
         (["run", "--", "true"], {}, 0, "started only by sudo"),
         (["run", "--", "true"], SUDO_ENV, 1000, "runs only as root"),
     ],

@@ -1,0 +1,272 @@
+"""``chv-cell task start|end|list|reap`` and the checks of ``run --task``
+(docs/executor.md "Tasks"): what root does with tasks, asked through
+``chv-cell`` (cli.py) or sudo and ``chv-cell-agent`` (agent.py).
+
+A task's whole state outside its record is the slot's: the workspace and
+the agent state dir (its HOME), the cell's /tmp (a tmpfs of each cell:
+gone with every turn), the slot's browser context and screenshots.  Each is
+emptied, holding the slot's lock, when the task starts and when it ends or
+expires; the record (taskrec.py) reserves the slot in between.  Expiry is
+lazy (every ``task start``, ``task list`` and ``run --task`` reaps what has
+expired) and periodic (``chv-cell task reap``, the timer
+chv-cell-task-reap.timer of cell_runtime)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import argv as argvmod
+from . import claim as claimmod
+from . import cordon as cordonmod
+from . import exits
+from . import host
+from . import policy as policymod
+from . import runner
+from . import taskrec
+from .errors import SetupError
+from .fsutil import ensure_slot_dir
+from .log import log
+
+Log = Callable[[str], None]
+
+
+class TaskError(Exception):
+    """A task request that cannot be served: ``code`` is the exit code, ``str()`` says why."""
+
+    def __init__(self, code: int, msg: str) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def _slot(policy: policymod.Policy, name: str) -> policymod.Slot:
+    try:
+        return policymod.slot_by_name(policy, name)
+    except KeyError:
+        raise TaskError(exits.EXIT_CONFIG, "slot %r of the task is not in the policy any more" % name)
+
+
+def _lock(policy: policymod.Policy, slot: policymod.Slot) -> str:
+    return argvmod.cell_paths(policy, slot)["lock"]
+
+
+def empty_slot(policy: policymod.Policy, slot: policymod.Slot) -> None:
+    """Empty everything of the slot a task leaves (the caller holds its
+    lock): a cell a dead launcher left is killed first (runner's reap), then
+    the workspace, the agent state dir and the screenshots are emptied
+    without following a link, and chv-browser ends the slot's context."""
+    from . import doors  # noqa: PLC0415 (an end only)
+
+    launcher = runner.Launcher(policy)
+    launcher.reap(slot, host.resolve_scope(policy))
+    paths = argvmod.cell_paths(policy, slot)
+    for path in (paths["workspace"], paths["agent_state"], os.path.join(taskrec.SHOTS_DIR, slot["name"])):
+        try:
+            taskrec.wipe_contents(path)
+        except (taskrec.WipeError, OSError) as exc:
+            raise SetupError("slot %s: cannot empty %s: %s" % (slot["name"], path, exc))
+    outcome, detail = doors.end_browser_slot(policy.get("browser_socket", policymod.DEFAULTS["browser_socket"]),
+                                             slot["name"])
+    if outcome == "failed":
+        raise SetupError("slot %s: chv-browser did not confirm the end of the slot's browser context (%s)"
+                         % (slot["name"], detail))
+    os.makedirs(policy["state_dir"], mode=0o700, exist_ok=True)
+    ensure_slot_dir(paths["workspace"], slot["uid_base"])
+    ensure_slot_dir(paths["agent_state"], slot["uid_base"])
+
+
+def teardown(policy: policymod.Policy, rec: Dict[str, Any]) -> None:
+    """Tear the task down (the caller holds its slot's lock): marked
+    ``ending`` first (an end that fails half-way is finished by the next
+    reap), the slot emptied, then the record removed (the slot is free)."""
+    rec = dict(rec, ending=True)
+    taskrec.write(policy, rec)
+    empty_slot(policy, _slot(policy, rec["slot"]))
+    taskrec.remove(policy, rec["task"])
+
+
+def reap(policy: policymod.Policy, now: Optional[float] = None, logf: Log = log) -> List[str]:
+    """Tear down every expired task whose slot is free (no turn runs); the ids torn down."""
+    done = []
+    taskrec.prune_tombstones(policy, time.time())
+    for rec in taskrec.all_records(policy):
+        if not taskrec.expired(rec, time.time() if now is None else now):
+            continue
+        try:
+            slot = _slot(policy, rec["slot"])
+            held = claimmod.try_claim(_lock(policy, slot))
+        except claimmod.SlotBusy:
+            continue  # a turn runs: not expired while it does
+        except (TaskError, OSError) as exc:
+            logf("task %s: cannot reap: %s" % (rec["task"], exc))
+            continue
+        try:
+            cur = taskrec.read(policy, rec["task"])
+            if cur is None or not taskrec.expired(cur, time.time() if now is None else now):
+                continue
+            teardown(policy, cur)
+            taskrec.write_tombstone(policy, cur)
+            logf("task %s: expired (last used %.0fs ago, ttl %gs): torn down, slot %s free"
+                 % (cur["task"], time.time() - float(cur["last_used"]), float(cur["ttl"]), cur["slot"]))
+            done.append(cur["task"])
+        except (SetupError, OSError) as exc:
+            logf("task %s: the teardown failed, retried at the next reap: %s" % (rec["task"], exc))
+        finally:
+            held.release()
+    return done
+
+
+def effective_ttl(policy: policymod.Policy, ttl: Optional[float]) -> float:
+    """The task's TTL: the policy's task_ttl, or a lower ``ttl`` (> 0)."""
+    limit = float(policy["task_ttl"])
+    if ttl is None:
+        return limit
+    if not 0 < ttl <= limit:
+        raise TaskError(exits.EXIT_CONFIG, "--ttl %gs must be above 0 and at most the policy's task_ttl of %gs "
+                        "(role variable chv_cell_task_ttl)" % (ttl, limit))
+    return float(ttl)
+
+
+def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, timeout: Optional[float] = None,
+          logf: Log = log) -> Dict[str, Any]:
+    """Claim a free slot for a new task of ``owner``, empty it, record the
+    task; what ``task start`` prints.  Warm slots are not given to tasks
+    (their lock is their warm cell's)."""
+    life = effective_ttl(policy, ttl)
+    cordoned = cordonmod.read(policy["state_dir"])
+    if cordoned is not None:  # no new work on a cordoned guest; turns of started tasks go on
+        raise TaskError(exits.EXIT_CORDONED, cordonmod.refusal(cordoned, time.time()))
+    reap(policy, logf=logf)
+    wait = float(policy["claim_timeout"] if timeout is None else timeout)
+    deadline = time.monotonic() + wait
+    taken = set()
+    while True:
+        candidates = [(s, _lock(policy, s)) for s in policy["slots"]
+                      if s["name"] not in policy["warm_slots"] and s["name"] not in taken
+                      and taskrec.reserved_by(policy, s["name"]) is None]
+        if not candidates:
+            raise TaskError(exits.EXIT_BUSY, "no slot free for a task (%d slot(s), %d warm, the others busy or "
+                            "owned by tasks)" % (len(policy["slots"]), len(policy["warm_slots"])))
+        try:
+            slot, held = claimmod.claim_any(candidates, max(0.0, deadline - time.monotonic()),
+                                            label=lambda s: str(s["name"]))
+        except claimmod.SlotBusy as exc:
+            raise TaskError(exits.EXIT_BUSY, "every slot for a task stayed busy for %gs (%s)" % (wait, exc))
+        try:
+            if taskrec.reserved_by(policy, slot["name"]) is not None:
+                taken.add(slot["name"])  # a task took it between the look and the lock
+                continue
+            try:
+                empty_slot(policy, slot)
+            except (SetupError, OSError) as exc:
+                raise TaskError(exits.EXIT_SETUP, "cannot prepare slot %s for a task: %s" % (slot["name"], exc))
+            rec = taskrec.new_record(taskrec.new_id(), slot["name"], owner, life, time.time())
+            taskrec.write(policy, rec)
+            return taskrec.public(rec, policy)
+        finally:
+            held.release()
+
+
+def _no_task(policy: policymod.Policy, task_id: str, uid: int) -> TaskError:
+    """The answer for a task ``uid`` has no live record of: expired (its
+    owner, within a day of the expiry) or no such task of yours."""
+    owner = taskrec.expired_owner(policy, task_id) if taskrec.valid_id(task_id) else None
+    if owner is not None and uid in (0, owner):
+        return TaskError(exits.EXIT_TASK_EXPIRED, "task %s: expired (unused for longer than its ttl) and torn down"
+                         % task_id)
+    return TaskError(exits.EXIT_NO_TASK, "task %s: no such task of yours (uid %d)" % (task_id, uid))
+
+
+def owned(policy: policymod.Policy, task_id: str, uid: int, now: Optional[float] = None) -> Dict[str, Any]:
+    """The record of a live task ``uid`` may use; TaskError otherwise (no
+    such task, not the caller's: the same answer; expired: torn down when
+    its slot is free)."""
+    rec = taskrec.read(policy, task_id) if taskrec.valid_id(task_id) else None
+    if rec is None or not taskrec.may_use(rec, uid):
+        raise _no_task(policy, task_id, uid)
+    if taskrec.expired(rec, time.time() if now is None else now):
+        reap(policy, now=now)
+        if taskrec.read(policy, task_id) is None or rec.get("ending"):
+            raise TaskError(exits.EXIT_TASK_EXPIRED, "task %s: expired (unused for longer than its ttl of %gs); "
+                            "torn down" % (task_id, float(rec["ttl"])))
+        # not reaped: a turn of it runs (its slot's lock is held), so it is in use, not expired
+    return rec
+
+
+def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[float] = None) -> Dict[str, Any]:
+    """``task end``: wait for the task's running turn (up to claim_timeout),
+    tear it all down; what it prints."""
+    rec = taskrec.read(policy, task_id) if taskrec.valid_id(task_id) else None
+    if rec is None or not taskrec.may_use(rec, uid):
+        raise _no_task(policy, task_id, uid)
+    slot = _slot(policy, rec["slot"])
+    wait = float(policy["claim_timeout"] if timeout is None else timeout)
+    try:
+        dummy, held = claimmod.claim_any([(slot, _lock(policy, slot))], wait)
+    except claimmod.SlotBusy:
+        raise TaskError(exits.EXIT_BUSY, "task %s: a turn still runs in slot %s after %gs; not ended"
+                        % (task_id, slot["name"], wait))
+    try:
+        cur = taskrec.read(policy, task_id)
+        if cur is None:
+            raise TaskError(exits.EXIT_NO_TASK, "task %s: ended meanwhile (expired or ended by another call)"
+                            % task_id)
+        try:
+            teardown(policy, cur)
+        except (SetupError, OSError) as exc:
+            raise TaskError(exits.EXIT_SETUP, "task %s: the teardown failed (the next reap retries it): %s"
+                            % (task_id, exc))
+    finally:
+        held.release()
+    return {"task": task_id, "slot": slot["name"], "ended": True}
+
+
+def listing(policy: policymod.Policy, uid: int) -> List[Dict[str, Any]]:
+    """``task list``: the caller's live tasks (root: everyone's), after a reap."""
+    reap(policy)
+    return [taskrec.public(r, policy) for r in taskrec.all_records(policy) if taskrec.may_use(r, uid)]
+
+
+def command(policy: policymod.Policy, verb: str, uid: int, task_id: Optional[str] = None,
+            ttl: Optional[float] = None, out: Optional[Callable[[str], object]] = None) -> int:
+    """One ``chv-cell task VERB``: its JSON on stdout; its exit code (the
+    reason on stderr, naming the task)."""
+    write = out or sys.stdout.write
+    result: Any
+    try:
+        if verb == "start":
+            result = start(policy, uid, ttl)
+        elif verb == "end":
+            result = end(policy, str(task_id), uid)
+        elif verb == "list":
+            result = listing(policy, uid)
+        elif verb == "reap":
+            result = {"reaped": reap(policy)}
+        else:
+            raise TaskError(exits.EXIT_CONFIG, "no task verb %r (start, end, list, reap)" % verb)
+    except TaskError as exc:
+        log(str(exc))
+        return exc.code
+    write(json.dumps(result, sort_keys=True) + "\n")
+    if out is None:
+        sys.stdout.flush()
+    return 0
+
+
+def check_run(policy: policymod.Policy, task_id: str, uid: int) -> Tuple[int, Optional[str]]:
+    """Before ``run --task``: (0, the task's slot) or (exit code, None) after logging why."""
+    try:
+        rec = owned(policy, task_id, uid)
+    except TaskError as exc:
+        log(str(exc))
+        return exc.code, None
+    reap(policy)
+    return 0, str(rec["slot"])
+
+
+def caller_uid() -> int:
+    """The uid of root's own call (root: 0)."""
+    return os.getuid()

@@ -41,7 +41,7 @@ exec "$@"' {fake} {python} "$@"
 HOSTS = ("h1", "h2", "h3")
 
 
-def site(tmp_path, last_host_vars):
+def site(tmp_path, last_host_vars, playbook="site.yml", more_hosts=None):
     fake = tmp_path / "fake"
     fake.mkdir(exist_ok=True)
     (fake / "comm").write_text("systemd\n")
@@ -50,9 +50,10 @@ def site(tmp_path, last_host_vars):
     wrapper.chmod(0o755)
     hosts = dict((h, {"ansible_connection": "local", "ansible_python_interpreter": str(wrapper)}) for h in HOSTS)
     hosts[HOSTS[-1]].update(last_host_vars)
+    hosts.update(more_hosts or {})
     (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"children": {"chv_fleet": {"hosts": hosts}}}}))
     proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
-                           os.path.join(ROOT, "site.yml"), "--check", "--tags", "nothing"],
+                           os.path.join(ROOT, playbook), "--check", "--tags", "nothing"],
                           capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
                           env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
     return proc, proc.stdout + proc.stderr
@@ -85,3 +86,22 @@ def test_control_the_same_fleet_without_the_bad_value_is_validated_once_then_rol
                        "batch 3 of 3 (1 of 3 hosts): h3"], banners
     # the roles' validate entry points ran in the validation play only, not again in each batch
     assert "Check the variables against the main entry point's argument spec" not in out.split(DEPLOY_PLAY, 1)[1]
+
+
+def test_the_fleet_check_looks_at_every_host_and_names_each(tmp_path):
+    """chv.fleet.check: a bad value on h3 and an unreachable h4 stop nothing;
+    every host is validated (the gate does not run in check mode) and the
+    last play prints one line per host; the run fails."""
+    dead = {"h4": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1}}
+    proc, out = site(tmp_path, {"chv_cell_claim_timeout": "soon"}, playbook="playbooks/check.yml", more_hosts=dead)
+    assert proc.returncode != 0, out[-3000:]
+    lines = out.split("TASK [Print one line per host]", 1)[1]
+    for expected in ('"h1: validated; gate not run"', '"h2: validated; gate not run"',
+                     '"h3: no gate: FAILED the validation or skipped (above)"', '"h4: UNREACHABLE"'):
+        assert expected in lines, lines
+    # the preflight, the validation's last check, ran on h1 and h2 after h3 failed: no threshold stopped them
+    preflight = out.split("TASK [Check that the host can run cells (preflight)]", 1)[1].split("TASK [", 1)[0]
+    assert sorted(re.findall(r"^ok: \[([\w-]+)\]", preflight, re.M)) == ["h1", "h2"], preflight
+    # control: site.yml with the same hosts stops at the validation (h4 alone is over the allowance)
+    proc, out = site(tmp_path, {}, more_hosts=dead)
+    assert proc.returncode != 0 and DEPLOY_PLAY not in out, out[-3000:]

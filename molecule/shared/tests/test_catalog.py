@@ -186,7 +186,7 @@ FLEET = ["guest-a", "guest-b", "guest-c"]
 LAB_SKIPS = {"LIM-02": "lab guests get no pids controller delegated (docs/lab.md)"}
 
 
-def fleet_audit(report_dir, limit=None, runs=5):
+def fleet_audit(report_dir, limit=None, runs=5, busy=()):
     """ansible-playbook chv.fleet.audit over the fleet's guests (all three
     in one batch), with the stand-ins of this lab host as each guest's
     destinations, set in an inventory of its own beside the scenario's, as
@@ -202,7 +202,9 @@ def fleet_audit(report_dir, limit=None, runs=5):
                 "chv_fleet_audit_deny": ["%s:%d" % (DENIED, ports["deny"])],
                 "chv_fleet_audit_special": ["%s:%d" % (SPECIAL, ports["special"])],
                 "chv_fleet_audit_runs": runs,
-                "chv_fleet_audit_allowed_skips": LAB_SKIPS, "chv_fleet_audit_exclusive": True}
+                "chv_fleet_audit_allowed_skips": LAB_SKIPS,
+                # a guest running a cell of its own: no --exclusive (LIFE-03 an allowed skip)
+                "chv_fleet_audit_exclusive": name not in busy}
         overlay = os.path.join(report_dir, "audit-inventory.yml")
         os.makedirs(report_dir, exist_ok=True)
         with open(overlay, "w") as fh:
@@ -227,16 +229,32 @@ def test_the_fleet_audit_reports_every_guest_with_its_evidence_and_in_warm_cells
     example's host_vars; docs/cells.md "Warm cells"): its audit's runs are
     handed to cells started before them, and pass as in cold cells. Control
     for the warm half: the three warm cells were ready before the audit; the
-    warm units' journal shows the hand-overs (at least one per LIFE-02 run)."""
+    warm units' journal shows the hand-overs (at least one per LIFE-02 run).
+    guest-c is busy too: an agent's cell runs in one of its slots from
+    before the audit to after it, untouched; its audit takes the free slots
+    and skips LIFE-03 (every slot at once) with its reason, an allowed skip
+    without --exclusive, while guest-a and guest-b, idle, run it."""
     c = fleet_guest("guest-c")
+    running_pid = "chv-cell status | sed -n 's/.*running pid=\\([0-9]*\\).*/\\1/p'"
     with c.sudo():
         c.run_expect([0], "for i in $(seq 100); do [ $(chv-cell status | grep -c 'idle (warm cell ready') = 3 ] && exit 0; "
                      "sleep 0.2; done; chv-cell status; exit 1")
         since = c.check_output("date +%s")
+        c.run_expect([0], "systemd-run --unit=chv-molecule-audit-busy --collect chv-cell run -- sleep 900")
+        c.run_expect([0], "for i in $(seq 100); do chv-cell status | grep -q 'running pid=' && exit 0; "
+                          "sleep 0.1; done; exit 1")
+        busy_pid = c.check_output(running_pid)
     report_dir = os.path.join(ROOT, "build", "reports", "fleet-audit")
     shutil.rmtree(report_dir, ignore_errors=True)
     runs = 5
-    proc, fleet = fleet_audit(report_dir, runs=runs)
+    try:
+        proc, fleet = fleet_audit(report_dir, runs=runs, busy=("guest-c",))
+        with c.sudo():
+            # the agent's cell ran through the whole audit: the same pid, still running
+            assert busy_pid and c.check_output(running_pid) == busy_pid
+    finally:
+        with c.sudo():
+            c.run("systemctl stop chv-molecule-audit-busy")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     assert "All 3 hosts passed every case of the catalog" in out, out[-3000:]
@@ -245,9 +263,16 @@ def test_the_fleet_audit_reports_every_guest_with_its_evidence_and_in_warm_cells
     assert [h["host"] for h in fleet["hosts"]] == FLEET
     for h in fleet["hosts"]:
         assert h["verdict"] == "passed" and h["bad"] == [], h
-        assert set(v for cid, v in h["verdicts"].items() if cid not in LAB_SKIPS) == {"pass"}, h["verdicts"]
+        skipped = set(LAB_SKIPS) | ({"LIFE-03"} if h["host"] == "guest-c" else set())
+        assert set(v for cid, v in h["verdicts"].items() if cid not in skipped) == {"pass"}, h["verdicts"]
         assert len(h["verdicts"]) >= 45, h["verdicts"]
-        assert [s["id"] for s in h["skips"]] == ["LIM-02"] and h["skips"][0]["allowed"], h["skips"]
+        if h["host"] == "guest-c":  # busy: LIFE-03 skipped with the launcher's reason, allowed
+            assert [s["id"] for s in h["skips"]] == ["LIFE-03", "LIM-02"] and all(s["allowed"] for s in h["skips"]), \
+                h["skips"]
+            assert "needs every slot free" in h["skips"][0]["reason"], h["skips"]
+        else:  # control: the idle guests ran LIFE-03 (--exclusive)
+            assert [s["id"] for s in h["skips"]] == ["LIM-02"] and h["skips"][0]["allowed"], h["skips"]
+            assert h["verdicts"]["LIFE-03"] == "pass", h["verdicts"]
         assert len(h["header"]["policy_sha256"]) == 64 and len(h["header"]["launcher_sha256"]) == 64, h
         assert h["header"]["kernel"] and h["header"]["systemd"].startswith("systemd"), h
         assert h["header"]["commit"] == commit and h["header"]["collection_version"], h

@@ -13,10 +13,11 @@ import ipaddress
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
-from conftest import fleet_guest, only_in, run_converge
+from conftest import CONVERGE, fleet_guest, inventory_argv, only_in, run_converge
 from playbook_output import batches
 from testpaths import ROOT
 
@@ -110,6 +111,120 @@ def test_a_health_gate_failure_in_the_second_batch_stops_the_rollout_before_the_
         gate = b.run("chv-cell health --broker-client /usr/lib/chv-fleet/chv_guest/broker/client.py "
                      "--unit chv-cell-nat.service --unit chv-broker.socket --unit chv-browser.service")
     assert gate.rc == 0 and "broker ping" in gate.stdout, gate
+
+
+BUSY_UNIT = "chv-molecule-busy"
+BUSY_RC = "/run/chv-molecule-busy.rc"
+
+
+def overlay(tmp_path, hosts):
+    """An inventory source given after the scenario's: per host variables
+    that outrank its own (Ansible's last source wins)."""
+    path = tmp_path / "overlay.yml"
+    path.write_text(json.dumps({"all": {"hosts": hosts}}))
+    return ["-i", str(path)]
+
+
+def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(tmp_path):
+    """A cell runs on guest-a and on guest-c (an agent that finishes when
+    the test tells it to, through a file in its workspace); guest-b, the
+    second of the default batches, is unreachable (its SSH port made a
+    closed one). A broker change (a configuration value) rolls out with an
+    allowance for one unreachable host: guest-b is reported and skipped; on
+    guest-a, then guest-c, the drain cordons the guest and prints a progress
+    line naming the running cell; only then is the cell told to finish, and
+    it ends by itself with its own exit status 0; the broker restarts after
+    it, the gate passes, the guest is uncordoned; the run succeeds and ends
+    with one line per host (the fleet_summary callback)."""
+    busy = ["guest-a", "guest-c"]
+    workspace, invocation = {}, {}
+    for name in busy:
+        g = guest(name)
+        with g.sudo():
+            slot = g.check_output("chv-cell status | awk 'NR==1 {print $1}'")
+            workspace[name] = "/var/lib/chv-fleet/workspaces/%s" % slot
+            g.run_expect([0], "rm -f %s %s/.busy-go; systemd-run --unit=%s --collect sh -c 'chv-cell run --slot %s -- "
+                              "sh -c \"until test -e /workspace/.busy-go; do sleep 0.5; done\"; echo $? > %s'",
+                         BUSY_RC, workspace[name], BUSY_UNIT, slot, BUSY_RC)
+            g.run_expect([0], "for i in $(seq 100); do chv-cell status | grep -q '^%s .*running pid=' && exit 0; "
+                              "sleep 0.1; done; exit 1", slot)
+            invocation[name] = g.check_output("systemctl show -P InvocationID chv-broker.socket")
+    argv = (["ansible-playbook"] + inventory_argv(True) + [str(CONVERGE)]
+            + overlay(tmp_path, {"guest-b": {"ansible_port": 1}})
+            + ["-e", json.dumps({"chv_broker_read_timeout": 31, "chv_fleet_max_unreachable_percentage": 50})])
+    try:
+        run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary"))
+        lines, told = [], set()
+        for line in run.stdout:
+            lines.append(line)
+            for name in busy:
+                # the drain's progress line per look names the running cell: then the agent is told to finish
+                if name not in told and re.match(r"ok: \[%s\] => \(item=waiting for 1 cell\(s\): slot\d+ \(pid \d+, "
+                                                 r"running .*\); cordoned \(look \d+, every 5 s" % name, line):
+                    with guest(name).sudo():
+                        assert guest(name).file("/run/chv-fleet/cordon").exists
+                        guest(name).run_expect([0], "touch %s/.busy-go", workspace[name])
+                    told.add(name)
+        out = "".join(lines)
+        assert run.wait(timeout=900) == 0, out[-5000:]
+        assert told == set(busy), out[-5000:]
+        assert re.search(r"guest-b: unreachable \(.*\); skipped, nothing changed", out), out[-5000:]
+        # the reached guests' batches: guest-b in none; a banner for each
+        assert batches(out) == [["guest-a"], ["guest-c"]], out[-5000:]
+        assert "(item=batch 1 of 2 (1 of 2 hosts): guest-a)" in out and \
+            "(item=batch 2 of 2 (1 of 2 hosts): guest-c)" in out, out[-5000:]
+        for name in busy:
+            g = guest(name)
+            with g.sudo():
+                # the cell ended by itself, with its payload's status; the broker restarted after it
+                assert g.check_output("cat %s", BUSY_RC) == "0"
+                assert g.check_output("systemctl show -P InvocationID chv-broker.socket") != invocation[name]
+                assert json.loads(g.file("/etc/chv-fleet/broker.json").content_string)["read_timeout"] == 31
+                assert not g.file("/run/chv-fleet/cordon").exists  # uncordoned after the gate
+        summary = out.split("CHV.FLEET SUMMARY", 1)[1]
+        assert re.search(r"^guest-b: unreachable, skipped, changed=0$", summary, re.M), summary
+        for name, batch in (("guest-a", "1 of 2"), ("guest-c", "2 of 2")):
+            line = re.search(r"^%s: ok, changed=\d+, batch: %s, drain: .*waiting for 1 cell.*gate: .*" % (name, batch),
+                             summary, re.M)
+            assert line and "healthy" in line.group(0), summary
+    finally:
+        for name in busy:
+            with guest(name).sudo():
+                guest(name).run("touch %s/.busy-go; sleep 1; systemctl stop %s; rm -f %s/.busy-go; chv-cell uncordon",
+                                workspace[name], BUSY_UNIT, workspace[name])
+        # the broker's configuration as the converge left it, on the whole fleet
+        run_converge(["--tags", "broker"], whole=True)
+
+
+def test_a_bad_value_on_the_last_guest_stops_the_run_before_the_canary_changes(tmp_path):
+    """guest-c, the last guest of the last batch, has a value of the wrong
+    type: the run fails in the validation play naming it, and the canary
+    guest-a is as before: a snapshot of its files, units, users, tables and
+    sysctls, and the contents of the collection's configuration, the
+    launcher and its ruleset; control: the snapshot tells a change from none
+    (the same comparison after a file is added)."""
+    a = guest("guest-a")
+    digest = ("find /etc/chv-fleet /usr/local/bin/chv-cell /usr/lib/chv-fleet -type f -exec sha256sum {} + | sort; "
+              "nft -s list table inet chv_cell | sha256sum; systemctl show -P InvocationID chv-broker.socket")
+    with a.sudo():
+        contents = a.check_output(digest)
+    before = snapshot(a)
+    proc = run_converge(overlay(tmp_path, {"guest-c": {"chv_cell_claim_timeout": "soon"}}),
+                        expect_ok=False, whole=True)[0]
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    failed = re.findall(r"^fatal: \[([\w-]+)\]: FAILED! => (.*)$", out, re.M)
+    assert [h for h, _ in failed] == ["guest-c"] and "chv_cell_claim_timeout" in failed[0][1], failed
+    assert "PLAY [Deploy chv.fleet cells]" not in out and batches(out) == [], out[-4000:]
+    assert snapshot(a) == before
+    with a.sudo():
+        assert a.check_output(digest) == contents
+        a.run_expect([0], "cp -p /etc/chv-fleet/cell-policy.json /etc/chv-fleet/.snapshot-control")
+        try:
+            assert snapshot(a) != before  # control: the snapshot sees a new file
+        finally:
+            a.run_expect([0], "rm -f /etc/chv-fleet/.snapshot-control")
 
 
 def test_a_host_outside_chv_fleet_is_left_as_it_was():

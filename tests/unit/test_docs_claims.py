@@ -142,7 +142,7 @@ def _basenames():
 def _fqcn_exists(collection, name):
     root = os.path.join(ROOT, "lab") if collection == "fleet_lab" else ROOT
     candidates = ["roles/%s" % name, "playbooks/%s.yml" % name] + \
-        ["plugins/%s/%s.py" % (kind, name) for kind in ("filter", "test", "modules", "lookup", "inventory")]
+        ["plugins/%s/%s.py" % (kind, name) for kind in ("filter", "test", "modules", "lookup", "inventory", "callback")]
     if any(os.path.exists(os.path.join(root, c)) for c in candidates):
         return True
     # filters and tests: several in one file, registered by name

@@ -23,9 +23,9 @@ KNOWN = {
     ("roles/browser/tasks/darwin.yml", "roles/browser/tasks/linux.yml",
      "- name: Install Playwright for Python into the service's venv"),
     # a play's keywords cannot come from a file: the two plays' headers
-    ("playbooks/remove.yml", "playbooks/site.yml", "hosts: \"{{ chv_fleet_target | default(__chv_fleet_rollout.target) }}\""),
+    ("playbooks/remove.yml", "playbooks/site.yml", "become: true"),
     # the cell identity settings, passed to the preflight and to cell_identity
-    ("playbooks/site.yml", "roles/cell_runtime/tasks/linux.yml", "ifname_prefix: \"{{ chv_cell_ifname_prefix }}\""),
+    ("playbooks/validate.yml", "roles/cell_runtime/tasks/linux.yml", "ifname_prefix: \"{{ chv_cell_ifname_prefix }}\""),
     # cell_runtime's two platforms: the agent user, the launcher's package
     ("roles/cell_runtime/tasks/darwin.yml", "roles/cell_runtime/tasks/linux.yml",
      "- name: Create the agent user (only when missing)"),

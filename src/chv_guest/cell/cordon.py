@@ -131,7 +131,7 @@ def drain_line(running: Iterable[Tuple[str, Optional[int], Optional[float]]], no
     state = "cordoned" if cordon is not None else "NOT cordoned (new cells may start)"
     if not cells:
         return "drained: no cell runs (%s)" % state
-    named = ", ".join("%s (pid %s, running %s)" % (slot, pid if pid is not None else "?",
-                                                     age_text(now - started) if started is not None else "?")
+    named = ", ".join("%s (pid %s, running %s)"
+                      % (slot, pid if pid is not None else "?", age_text(now - started) if started is not None else "?")
                       for slot, pid, started in cells)
     return "waiting for %d cell(s): %s; %s" % (len(cells), named, state)

@@ -270,9 +270,9 @@ def run(policy_path: str, units: Optional[Sequence[str]], request: Mapping[str, 
         after = {u: _unit_props(u) for u in units}
         return [unit_check(u, before[u], after[u]) for u in sorted(units)] + [busy_check(busy)]
     counters_before = read_counters()
-    argv = [sys.executable, "-I", os.path.join(_lib(), "chv-cell"), "--policy", policy_path, "run",
-            "--ignore-cordon", "--timeout", str(claim_timeout)] + (["--slot", reserved] if reserved else []) + [
-            "--", "python3", "-I", os.path.abspath(__file__), "in-cell", json.dumps(request)]
+    argv = ([sys.executable, "-I", os.path.join(_lib(), "chv-cell"), "--policy", policy_path, "run",
+             "--ignore-cordon", "--timeout", str(claim_timeout)] + (["--slot", reserved] if reserved else [])
+            + ["--", "python3", "-I", os.path.abspath(__file__), "in-cell", json.dumps(request)])
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=claim_timeout + 120)
     counters_after = read_counters()
     time.sleep(0.5)  # a unit in a restart loop moves NRestarts within this window too

@@ -84,6 +84,10 @@ def test_control_the_same_fleet_without_the_bad_value_is_validated_once_then_rol
     banners = re.findall(r"^included: \S+/batch\.yml for [\w-]+ => \(item=(batch \d+ of \d+ .*)\)$", out, re.M)
     assert banners == ["batch 1 of 3 (1 of 3 hosts): h1", "batch 2 of 3 (1 of 3 hosts): h2",
                        "batch 3 of 3 (1 of 3 hosts): h3"], banners
+    # the run's last lines, one per host (the fleet_summary callback, enabled by the clone's ansible.cfg)
+    summary = out.split("CHV.FLEET SUMMARY", 1)[1]
+    for i, h in enumerate(HOSTS, 1):
+        assert re.search(r"^%s: ok, changed=0, batch: %d of 3, gate: not run$" % (h, i), summary, re.M), summary
     # the roles' validate entry points ran in the validation play only, not again in each batch
     assert "Check the variables against the main entry point's argument spec" not in out.split(DEPLOY_PLAY, 1)[1]
 

@@ -138,7 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="refuse new cells on this guest (chv-cell run exits %d naming the cordon); running "
                        "cells are untouched" % exits.EXIT_CORDONED)
     c.add_argument("--reason", help="why, shown to every refused run and in chv-cell status")
-    sub.add_parser("uncordon", allow_abbrev=False, help="let new cells start on this guest again")
+    c.add_argument("--rollout", action="store_true",
+                   help="a rollout's cordon (its drain's): `uncordon --rollout` lifts it, a cordon by hand stays")
+    u = sub.add_parser("uncordon", allow_abbrev=False, help="let new cells start on this guest again")
+    u.add_argument("--rollout", action="store_true",
+                   help="only a cordon a rollout set (chv-cell cordon --rollout); one set by hand is kept")
     dr = sub.add_parser("drain", allow_abbrev=False,
                         help="one progress line naming each running cell (slot, pid, age); exit 0 when none "
                         "runs, %d while some do (read-only: chv-cell cordon first)" % exits.EXIT_BUSY)
@@ -244,9 +248,12 @@ def health(ns: argparse.Namespace) -> int:
     checks = healthmod.run(ns.policy, ns.unit, request, claim_timeout=ns.timeout)
     rc = healthmod.exit_code(checks)
     if ns.json:
+        from . import cordon as cordonmod  # noqa: PLC0415
+
+        # the host's cordon (the gate's own cell ignores it): site.yml lifts a rollout's after a passed gate
         print(json.dumps({"healthy": rc == 0, "busy": rc == healthmod.EXIT_HEALTH_BUSY,
                           "verdict": healthmod.outcome(checks), "summary": healthmod.summary(None, checks),
-                          "checks": checks}))
+                          "checks": checks, "cordon": cordonmod.read(policymod.load(ns.policy)["state_dir"])}))
     else:
         for c in checks:
             print("%-4s %s: %s" % ("ok" if c["ok"] else "busy" if c["detail"].startswith(healthmod.BUSY) else "FAIL",
@@ -321,10 +328,13 @@ def cordon(ns: argparse.Namespace, pol: policymod.Policy) -> int:
     from . import cordon as cordonmod  # noqa: PLC0415
 
     if ns.action == "uncordon":
-        print("uncordoned" if cordonmod.clear(pol["state_dir"]) else "not cordoned")
+        done = cordonmod.clear(pol["state_dir"], only_rollout=ns.rollout)
+        print("kept: %s (set by hand, not by a rollout)" % cordonmod.describe(cordonmod.read(pol["state_dir"]) or {},
+                                                                              time.time())
+              if done == "kept" else done)
         return 0
     by = os.environ.get("SUDO_USER") or "root"
-    new, rec = cordonmod.set_cordon(pol["state_dir"], ns.reason, by)
+    new, rec = cordonmod.set_cordon(pol["state_dir"], ns.reason, by, rollout=ns.rollout)
     print("%s: %s" % ("cordoned" if new else "already cordoned", cordonmod.describe(rec, time.time())))
     return 0
 

@@ -31,11 +31,14 @@ def marker_path(state_dir: str) -> str:
     return os.path.join(state_dir, MARKER)
 
 
-def record(reason: Optional[str], now: float, by: str) -> Dict[str, Any]:
+def record(reason: Optional[str], now: float, by: str, rollout: bool = False) -> Dict[str, Any]:
     """The marker's content (pure): the reason (one line, at most REASON_MAX
-    characters; "" when none was given), when and by whom."""
+    characters; "" when none was given), when and by whom, and whether a
+    rollout's drain set it (``chv-cell cordon --rollout``: the next
+    rollout's passed gate lifts it, even when the run that set it was
+    killed before its own gate; a cordon set by hand stays)."""
     text = " ".join((reason or "").split())[:REASON_MAX]
-    return {"reason": text, "since": round(now, 3), "by": by}
+    return {"reason": text, "since": round(now, 3), "by": by, "rollout": rollout}
 
 
 def parse(text: str) -> Dict[str, Any]:
@@ -46,11 +49,12 @@ def parse(text: str) -> Dict[str, Any]:
     except ValueError:
         rec = None
     if not isinstance(rec, dict):
-        return {"reason": "(unreadable cordon marker)", "since": None, "by": None}
+        return {"reason": "(unreadable cordon marker)", "since": None, "by": None, "rollout": False}
     since = rec.get("since")
     return {"reason": str(rec.get("reason") or ""),
             "since": since if isinstance(since, (int, float)) and not isinstance(since, bool) else None,
-            "by": str(rec["by"]) if rec.get("by") is not None else None}
+            "by": str(rec["by"]) if rec.get("by") is not None else None,
+            "rollout": rec.get("rollout") is True}
 
 
 def read(state_dir: str) -> Optional[Dict[str, Any]]:
@@ -72,25 +76,33 @@ def read(state_dir: str) -> Optional[Dict[str, Any]]:
         os.close(fd)
 
 
-def set_cordon(state_dir: str, reason: Optional[str], by: str, now: Optional[float] = None) -> Tuple[bool, Dict[str, Any]]:
+def set_cordon(state_dir: str, reason: Optional[str], by: str, now: Optional[float] = None,
+               rollout: bool = False) -> Tuple[bool, Dict[str, Any]]:
     """Cordon the host; (False, the cordon there) when it was cordoned already
-    (kept as it is: its reason and time stay), else (True, the new one)."""
+    (kept as it is: its reason, time and setter stay), else (True, the new one)."""
     old = read(state_dir)
     if old is not None:
         return False, old
     os.makedirs(state_dir, mode=0o755, exist_ok=True)
-    rec = record(reason, time.time() if now is None else now, by)
+    rec = record(reason, time.time() if now is None else now, by, rollout)
     write_atomic(marker_path(state_dir), json.dumps(rec, sort_keys=True) + "\n", 0o644)
     return True, rec
 
 
-def clear(state_dir: str) -> bool:
-    """Uncordon the host; False when it was not cordoned."""
+def clear(state_dir: str, only_rollout: bool = False) -> str:
+    """Uncordon the host: "uncordoned", "not cordoned", or with
+    ``only_rollout`` "kept" for a cordon a rollout did not set (by hand)."""
+    if only_rollout:
+        rec = read(state_dir)
+        if rec is None:
+            return "not cordoned"
+        if not rec["rollout"]:
+            return "kept"
     try:
         os.unlink(marker_path(state_dir))
     except FileNotFoundError:
-        return False
-    return True
+        return "not cordoned"
+    return "uncordoned"
 
 
 def age_text(seconds: float) -> str:

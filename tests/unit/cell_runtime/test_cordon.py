@@ -16,7 +16,7 @@ NOW = 1_800_000_000.0
 
 def test_the_record_is_one_line_of_reason_with_when_and_who():
     rec = cordon.record("  broker\nupgrade  ", NOW, "ops")
-    assert rec == {"reason": "broker upgrade", "since": NOW, "by": "ops"}
+    assert rec == {"reason": "broker upgrade", "since": NOW, "by": "ops", "rollout": False}
     assert cordon.record(None, NOW, "root")["reason"] == ""
     assert len(cordon.record("x" * 1000, NOW, "root")["reason"]) == cordon.REASON_MAX
     assert cordon.parse(json.dumps(rec)) == rec
@@ -24,7 +24,7 @@ def test_the_record_is_one_line_of_reason_with_when_and_who():
 
 @pytest.mark.parametrize("text", ["", "not json", "[1, 2]", "null"])
 def test_an_unreadable_marker_still_cordons(text):
-    assert cordon.parse(text) == {"reason": "(unreadable cordon marker)", "since": None, "by": None}
+    assert cordon.parse(text) == {"reason": "(unreadable cordon marker)", "since": None, "by": None, "rollout": False}
 
 
 def test_the_refusal_names_the_cordon_its_reason_and_the_exit_code():
@@ -58,7 +58,23 @@ def test_set_read_and_clear_the_marker(tmp_path):
     assert oct(os.stat(cordon.marker_path(state)).st_mode & 0o777) == "0o644"
     again, kept = cordon.set_cordon(state, "second", "ops", now=NOW + 1)
     assert not again and kept["reason"] == "first"  # the first cordon's reason and time stay
-    assert cordon.clear(state) and cordon.read(state) is None and not cordon.clear(state)
+    assert cordon.clear(state) == "uncordoned" and cordon.read(state) is None and cordon.clear(state) == "not cordoned"
+
+
+def test_uncordon_rollout_lifts_only_a_rollouts_cordon(tmp_path):
+    state = str(tmp_path / "state")
+    cordon.set_cordon(state, "by hand", "ops", now=NOW)
+    assert cordon.clear(state, only_rollout=True) == "kept" and cordon.read(state)["reason"] == "by hand"
+    assert cordon.clear(state) == "uncordoned"  # control: a plain uncordon lifts it
+    new, rec = cordon.set_cordon(state, "chv.fleet rollout: restarting chv-broker", "root", now=NOW, rollout=True)
+    assert new and rec["rollout"] and cordon.read(state)["rollout"] is True
+    assert cordon.clear(state, only_rollout=True) == "uncordoned" and cordon.read(state) is None
+    assert cordon.clear(state, only_rollout=True) == "not cordoned"
+    # a marker whose rollout field is anything but true is a cordon by hand
+    os.makedirs(state, exist_ok=True)
+    with open(cordon.marker_path(state), "w") as fh:
+        fh.write(json.dumps(dict(cordon.record("x", NOW, "root"), rollout="yes")))
+    assert cordon.clear(state, only_rollout=True) == "kept"
 
 
 def test_a_link_or_a_directory_is_no_cordon(tmp_path):

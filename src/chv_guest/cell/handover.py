@@ -114,7 +114,8 @@ def handover(launcher: launchermod.Launcher, slots: Iterable[policymod.Slot], re
                     log("slot %s: %s" % (name, reply["error"]))
                 return _exit_code(reply)
             launcher.debug("slot %s: warm cell took the payload %.3fs after start" % (name, time.monotonic() - t0))
-            launcher.claimed_slot, launcher.payload_started = name, True
+            launcher.claimed_slot = name
+            launcher.mark_payload_started()
             return _wait(launcher, sock, name)
     finally:
         for fd in stdio:

@@ -18,9 +18,12 @@ from .exits import EXIT_CONFIG, EXIT_CORDONED
 from .log import log
 from .signals import HANGUP_EVENTS, hangup_reason, hangup_watch_fds
 from .status import status_record, write_status
+from .. import journal
 
 if TYPE_CHECKING:
     from types import FrameType
+
+    from .status import StatusRecord
 
 SHARED_NETWORK_REFUSAL = (
     "--shared-network is not allowed by the policy (allow_shared_network is false; role variable "
@@ -37,6 +40,23 @@ def slot_name(slot: policymod.Slot) -> str:
     return str(slot["name"])
 
 
+RUN_EVENT = "chv-cell.run"
+
+
+def run_event(record: "StatusRecord", started_after: Optional[float], task: Optional[str]) -> Dict[str, str]:
+    """The journal entry of one run (pure): its verdict record as CHV_*
+    fields, the payload's start latency (CHV_START_MS, from the run's start
+    to the payload's release; none when it did not start) and the task of
+    a turn (docs/observability.md "Logs"; chv_guest/metrics/events.py
+    counts them)."""
+    fields: Dict[str, Any] = dict(record)
+    fields["start_ms"] = None if started_after is None else round(started_after * 1000, 1)
+    fields["task"] = task
+    message = "%s: %s, exit %d%s" % (record["slot"] or "no slot", record["verdict"], record["exit"],
+                                    "" if started_after is None else ", payload started after %.3fs" % started_after)
+    return journal.entry(message, "chv-cell", RUN_EVENT, fields)
+
+
 class Launcher:
     """One ``chv-cell run``.  ``caller`` (e.g. ``chv (uid 1000) through
     sudo``) is only logged with ``verbose``.  ``watch_fds``: the fds whose
@@ -51,6 +71,8 @@ class Launcher:
         self.policy = policy
         self.verbose = verbose
         self.caller = caller
+        self.run_started = time.monotonic()
+        self.payload_started_after: Optional[float] = None  # seconds from the run's start to the payload's release
         self._watch_arg = watch_fds
         self._watch: List[int] = []
         self.stop_signal: Optional[int] = None
@@ -141,13 +163,20 @@ class Launcher:
         """One run; its exit code.  With ``status_fd`` set, the verdict is
         written there once the cell is gone and the slot released."""
         self.stage, self.claimed_slot, self.payload_started, self.payload_exit = "config", None, False, None
+        self.run_started, self.payload_started_after = time.monotonic(), None
         if self.status_fd is not None:
             os.set_inheritable(self.status_fd, False)  # never in nspawn, the cell or any helper
         rc = self._run(command, slot_name, timeout, shared_network, runtime_max)
+        record = status_record(rc, self.stage, self.claimed_slot, self.payload_started, self.payload_exit)
         if self.status_fd is not None:
-            write_status(self.status_fd, status_record(rc, self.stage, self.claimed_slot, self.payload_started,
-                                                       self.payload_exit))
+            write_status(self.status_fd, record)
+        journal.send(run_event(record, self.payload_started_after, self.task_id))
         return rc
+
+    def mark_payload_started(self) -> None:
+        """The payload was released: the run's start latency is known (the run event's)."""
+        self.payload_started = True
+        self.payload_started_after = time.monotonic() - self.run_started
 
     def _run(self, command: Sequence[str], slot_name: Optional[str], timeout: Optional[float], shared_network: bool,
              runtime_max: Optional[float]) -> int:

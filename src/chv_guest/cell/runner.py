@@ -450,7 +450,7 @@ class Launcher(launchermod.Launcher):
                     % slot["name"])
             os.write(gate_fd, b"go\n")
             gate_open = True
-            self.payload_started = True
+            self.mark_payload_started()
             runtime_max = self.after_gate(slot, proc, pidfd, runtime_max)
             released = time.monotonic()
             self.debug("slot %s: payload released %.3fs after start" % (slot["name"], released - t0))

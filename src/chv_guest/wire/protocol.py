@@ -15,6 +15,8 @@ import json
 from typing import IO, Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, TypedDict
 from urllib.parse import urlsplit
 
+from .. import journal
+
 # an action's table: action -> the string fields it requires
 Actions = Dict[str, Tuple[str, ...]]
 
@@ -70,10 +72,15 @@ def url_scheme_allowed(url: str) -> bool:
 
 
 def audit(stream: IO[str], event: str, **fields: object) -> None:
-    """Write one JSON audit line {"event": event, **fields} to ``stream``; a closed stream is no error."""
-    fields = {"event": event, **fields}
+    """One JSON audit line {"event": event, **fields}: to the journal with
+    its fields as CHV_* fields when ``stream`` is the service's journal
+    stream (chv_guest/journal.py), else written to ``stream``; a closed
+    stream is no error."""
+    line = json.dumps({"event": event, **fields}, sort_keys=True)
+    if journal.is_journal_stream(stream) and journal.send(journal.entry(line, event.split(".")[0], event, fields)):
+        return
     try:
-        stream.write(json.dumps(fields, sort_keys=True) + "\n")
+        stream.write(line + "\n")
         stream.flush()
     except (OSError, ValueError):
         pass

@@ -114,6 +114,9 @@ class _Caller(object):
     def debug(self, msg):
         self.said.append(msg)
 
+    def mark_payload_started(self):
+        self.payload_started = True
+
     def sleep(self, seconds, fds):
         return fds
 

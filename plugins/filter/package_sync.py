@@ -39,7 +39,8 @@ GUEST_TREE = {
                 'scripts': (),
                 'retired': ('chv_browser',)},
     # chv-fleet-metrics (the opt-in metrics role; docs/observability.md)
-    'metrics': {'packages': ('chv_guest', 'chv_guest/metrics'),
+    # (the launcher's verdicts and the doors' operations label its event counters: cell, wire)
+    'metrics': {'packages': ('chv_guest', 'chv_guest/wire', 'chv_guest/cell', 'chv_guest/metrics'),
                 'scripts': (),
                 'retired': ()},
 }

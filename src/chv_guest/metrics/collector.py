@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import events as eventsmod
 from . import state as statemod
 
 DEFAULT_UNITS = ("chv-cell-nat.service", "chv-broker.socket", "chv-broker.service",
@@ -73,6 +74,24 @@ def cell_records(state_dir: str) -> Tuple[Dict[str, str], Dict[str, bool]]:
     return records, alive
 
 
+def read_events(opts: argparse.Namespace, slots: Optional[List[str]]) -> Optional[eventsmod.Counts]:
+    """The event counts kept in opts.events_state with the journal's entries
+    since its cursor added, written back; None when journalctl failed (the
+    counts stay as they were)."""
+    counts = eventsmod.loads(read_text(opts.events_state))
+    rc, out = run(eventsmod.journalctl_argv(opts.journalctl, counts["cursor"]))
+    if rc != 0:
+        return None
+    if eventsmod.add_output(counts, out.decode("utf-8", errors="replace"), slots or []):
+        try:
+            os.makedirs(os.path.dirname(opts.events_state), mode=0o700, exist_ok=True)
+            write_atomic(os.path.dirname(opts.events_state), os.path.basename(opts.events_state),
+                         eventsmod.dumps(counts))
+        except OSError as exc:
+            sys.stderr.write("chv-fleet-metrics: cannot keep the event counts in %s: %s\n" % (opts.events_state, exc))
+    return counts
+
+
 def read_state(opts: argparse.Namespace) -> statemod.State:
     start = time.monotonic()
     policy = read_bytes(opts.policy)
@@ -99,6 +118,7 @@ def read_state(opts: argparse.Namespace) -> statemod.State:
         units=units, systemctl_show=show.decode("utf-8", errors="replace") if src == 0 else None,
         audit=read_text(opts.audit_report), audit_mtime=audit_mtime,
         cordoned=os.path.isfile(os.path.join(opts.state_dir, "cordon")),
+        events=read_events(opts, statemod.policy_slots(policy)),
         duration=time.monotonic() - start)
 
 
@@ -138,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--door-dir", default="/etc/chv-fleet/nft/door.d")
     p.add_argument("--audit-report", default="/var/lib/chv-fleet/audit/audit.json")
     p.add_argument("--unit", action="append", help="a unit to report (repeat; default: %s)" % " ".join(DEFAULT_UNITS))
+    p.add_argument("--events-state", default="/var/lib/chv-fleet-metrics/events.json",
+                   help="where the event counters and the journal cursor are kept between runs")
+    p.add_argument("--journalctl", default="journalctl")
     p.add_argument("--nft", default="/usr/sbin/nft")
     p.add_argument("--systemctl", default="systemctl")
     p.add_argument("--stdout", action="store_true", help="print the text instead of writing the file")

@@ -25,7 +25,7 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from . import exposition
+from . import events, exposition
 from .exposition import Sample, sample
 
 # The ruleset's counter names (roles/cell_nat/templates/cell-nat.nft.j2,
@@ -71,6 +71,8 @@ class State(NamedTuple):
     duration: float
     # the host's cordon marker (<state_dir>/cordon, chv-cell cordon) is there; None: not read
     cordoned: Optional[bool] = None
+    # the event counts (events.py) after this run's journal entries; None: the journal could not be read
+    events: Optional[Dict[str, Any]] = None
 
 
 def sha256(data: bytes) -> str:
@@ -308,7 +310,9 @@ def samples(state: State) -> List[Sample]:
     """Every sample of the state."""
     return (policy_samples(state) + cell_samples(state) + nft_samples(state) + unit_samples(state)
             + audit_samples(state)
-            + [sample("chv_metrics_collect_timestamp_seconds", round(state.now, 3)),
+            + (events.samples(state.events) if state.events is not None else [])
+            + [sample("chv_metrics_source_up", 1 if state.events is not None else 0, source="journal"),
+               sample("chv_metrics_collect_timestamp_seconds", round(state.now, 3)),
                sample("chv_metrics_collect_duration_seconds", round(state.duration, 6))])
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 from promtool_path import promtool
 
-from chv_guest.metrics import collector, exposition, state
+from chv_guest.metrics import collector, events, exposition, state
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 RULESET = "/etc/chv-fleet/nft/cell-nat.nft"
@@ -28,10 +28,17 @@ def _read(name, mode="r"):
         return fh.read()
 
 
+def fixture_events():
+    """The event counts of the fixture journal (journal.json: journalctl -o json's lines)."""
+    counts = events.empty()
+    events.add_output(counts, _read("journal.json"), ["slot0", "slot1", "slot2"])
+    return counts
+
+
 def fixture_state(**changes):
     """The fixture guest: three slots, slot0 running, slot1's record stale,
     the table loaded as recorded, chv-browser.service failed, the last
-    audit failed one case."""
+    audit failed one case; the journal's run and broker entries counted."""
     base = state.State(
         now=NOW, version="0.2.0", policy=_read("cell-policy.json", "rb"),
         records={"slot0": _read("cells/slot0.json"), "slot1": _read("cells/slot1.json")},
@@ -40,7 +47,8 @@ def fixture_state(**changes):
         loaded_sha256=_read("loaded.sha256"), table_sha256=_read("table.sha256"),
         ruleset_digests={RULESET: hashlib.sha256(_read("cell-nat.nft", "rb")).hexdigest()},
         units=UNITS, systemctl_show=_read("systemctl-show.txt"),
-        audit=_read("audit.json"), audit_mtime=NOW - 7200, duration=0.0125, cordoned=False)
+        audit=_read("audit.json"), audit_mtime=NOW - 7200, duration=0.0125, cordoned=False,
+        events=fixture_events())
     return base._replace(**changes)
 
 
@@ -60,7 +68,7 @@ def test_the_fixture_state_passes_promtool_check_metrics():
 
 def test_the_fixture_state_emits_every_metric_family():
     """So every family the docs, rules and dashboard name is one a guest can show."""
-    emitted = {s.name for s in state.samples(fixture_state())}
+    emitted = {exposition.family_of(s.name)[0].name for s in state.samples(fixture_state())}
     assert emitted == set(exposition.FAMILIES)
 
 
@@ -99,7 +107,8 @@ def test_labels_are_bounded_no_host_pid_or_path_reaches_the_text():
     text = state.exposition_text(fixture_state())
     for needle in ("guest-1", "4242", "/etc/", "/run/", "10.200."):
         assert needle not in text
-    allowed = {"slot", "reason", "verdict", "unit", "state", "case", "source", "version", "policy_sha256"}
+    allowed = {"slot", "reason", "verdict", "unit", "state", "case", "source", "version", "policy_sha256", "op",
+               "action", "code"}
     assert {label for f in exposition.METRICS for label in f.labels} <= allowed
 
 
@@ -305,3 +314,47 @@ def test_a_cordoned_host_shows_in_the_metrics():
     assert values(fixture_state(cordoned=True))[("chv_cell_cordoned",)] == 1
     assert values(fixture_state(cordoned=False))[("chv_cell_cordoned",)] == 0
     assert ("chv_cell_cordoned",) not in values(fixture_state(cordoned=None))  # not read: no sample
+
+
+# ------------------------------------------------------------- events from the journal
+
+def test_the_journals_entries_count_in_bounded_series_and_only_from_their_writers():
+    v = values(fixture_state())
+    assert v[("chv_cell_runs_total", "slot0", "ran")] == 1  # the entry of uid 1000 (c5) is not counted
+    assert v[("chv_cell_runs_total", "slot1", "ran")] == 1
+    assert v[("chv_cell_runs_total", "none", "busy")] == 1 and v[("chv_cell_runs_total", "none", "cordoned")] == 1
+    assert v[("chv_cell_payload_exits_total", "slot0", "0")] == 1
+    assert v[("chv_cell_payload_exits_total", "slot1", "1-125")] == 1
+    assert v[("chv_cell_start_seconds_bucket", "0.5")] == 0 and v[("chv_cell_start_seconds_bucket", "1")] == 1
+    assert v[("chv_cell_start_seconds_bucket", "4")] == 2 and v[("chv_cell_start_seconds_bucket", "+Inf")] == 2
+    assert v[("chv_cell_start_seconds_count",)] == 2 and v[("chv_cell_start_seconds_sum",)] == 3.9125
+    # chv-broker's requests: ping ok (evil.service's entry c13 not counted), a peer refusal, the browser and sync
+    assert v[("chv_broker_requests_total", "ping", "ok")] == 1
+    assert v[("chv_broker_requests_total", "none", "rejected")] == 1
+    assert v[("chv_broker_requests_total", "other", "denied")] == 1  # an op no protocol has: other
+    assert v[("chv_browser_requests_total", "open", "ok")] == 1 and v[("chv_browser_requests_total", "open", "denied")] == 1
+    assert v[("chv_browser_request_seconds_bucket", "open", "2")] == 2
+    assert v[("chv_browser_request_seconds_bucket", "open", "1")] == 1
+    assert v[("chv_sync_requests_total", "push", "denied")] == 1
+    assert ("chv_broker_requests_total", "none", "started") not in v  # the daemon's own start: no request
+    assert fixture_events()["cursor"] == "c13"
+
+
+def test_the_counts_survive_a_restart_and_go_on_from_the_cursor(tmp_path):
+    counts = fixture_events()
+    again = events.loads(events.dumps(counts))
+    assert again == counts
+    events.add_output(again, _read("journal.json").splitlines()[0] + "\n", ["slot0"])
+    assert again["runs"]["slot0\x1fran"] == 2
+    assert events.loads("not json") == events.empty() and events.loads(None) == events.empty()
+    argv = events.journalctl_argv("journalctl", "c13")
+    assert argv[argv.index("--after-cursor") + 1] == "c13"
+    assert argv[-5:] == ["CHV_EVENT=chv-broker.audit", "_SYSTEMD_UNIT=chv-broker.service", "+",
+                         "CHV_EVENT=chv-cell.run", "_UID=0"]
+    assert "--after-cursor" not in events.journalctl_argv("journalctl", None)
+
+
+def test_an_unreadable_journal_reports_its_source_down_and_no_event_series():
+    v = values(fixture_state(events=None))
+    assert v[("chv_metrics_source_up", "journal")] == 0
+    assert not [k for k in v if k[0].startswith(("chv_cell_runs", "chv_broker_requests"))]

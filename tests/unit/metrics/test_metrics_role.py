@@ -36,7 +36,7 @@ def render(name, **overrides):
         vars_[key] = env.from_string(value).render() if isinstance(value, str) and "{{" in value else value
     vars_.update(_yaml("vars", "Debian.yml"))
     main = _yaml("vars", "main.yml")
-    for key in ("__metrics_unit", "__metrics_timer", "__metrics_unit_dir", "__metrics_file_name"):
+    for key in ("__metrics_unit", "__metrics_timer", "__metrics_unit_dir", "__metrics_file_name", "__metrics_state_dir"):
         vars_[key] = main[key]
     vars_["__metrics_entry_point"] = env.from_string(main["__metrics_entry_point"]).render(**vars_)
     with open(os.path.join(ROLE, "templates", name), encoding="utf-8") as fh:

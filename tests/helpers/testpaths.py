@@ -12,3 +12,5 @@ LAB_COLLECTION = os.path.join(ROOT, "lab")
 LAB_ROLE = os.path.join(LAB_COLLECTION, "roles", "lab")
 LAB_PLAYBOOKS = os.path.join(LAB_COLLECTION, "playbooks")
 PROBES = os.path.join(ROOT, "tests", "probes")
+# ansible-playbook --list-tasks with the roles' platform task files in the listing.
+LIST_TASKS = os.path.join(ROOT, "tests", "helpers", "list_tasks.py")

@@ -251,3 +251,72 @@ def test_the_entry_points_get_the_platforms_python_and_debian_the_same_bytes():
         assert re.sub(pattern, replacement + python, text) == text
         other = re.sub(pattern, replacement + "/opt/py/bin/python3", text)
         assert other.split("\n", 1) == ["#!/opt/py/bin/python3 -IS", text.split("\n", 1)[1]]
+
+
+# A host lists only its platform's tasks (docs/operations.md, "Output"): each
+# role's tasks/main.yml includes tasks/linux.yml or tasks/darwin.yml by the
+# facts, dynamically, so the other platform's file is never loaded for it
+# (an import with `when:` would list each of its tasks as skipped). An
+# include's own tags do not reach what it includes: every task of a platform
+# file carries its phase tag itself (--tags configure selects it), and the
+# role's tag from the play (site.yml's `cell_nat`) reaches it through the role
+# (tests/integration/playbooks/test_site_rollout.py lists both, with the
+# include expanded as ansible-core's strategy loads it).
+PHASES = {"install", "configure", "service"}
+PLATFORM_INCLUDE = "{{ ansible_facts['system'] | lower }}.yml"
+
+
+def task_files_naming(role, names):
+    """The role's task files (but main.yml) whose text names one of names."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "roles", role, "tasks", "*.yml"))):
+        with open(path, encoding="utf-8") as fh:
+            if os.path.basename(path) != "main.yml" and any(n in fh.read() for n in names):
+                out.append(os.path.basename(path))
+    return out
+
+
+def platform_loads(main):
+    """The tasks of a main.yml that load a platform task file."""
+    return [t for t in main if {"linux.yml", "darwin.yml"} & {str(v) for v in t.values()} or PLATFORM_INCLUDE in str(t)]
+
+
+@pytest.mark.parametrize("role", sorted(ROLES) + ["metrics"])
+def test_a_role_loads_only_its_platforms_task_file(role):
+    main = load("roles", role, "tasks", "main.yml")
+    files = [f for f in ("linux.yml", "darwin.yml") if os.path.exists(os.path.join(ROOT, "roles", role, "tasks", f))]
+    naming = platform_loads(main)
+    assert len(naming) == 1, naming
+    task = naming[0]
+    # no other task file of the role loads a platform file
+    assert task_files_naming(role, ["import_tasks: linux.yml", "import_tasks: darwin.yml",
+                                    "include_tasks: linux.yml", "include_tasks: darwin.yml"]) == []
+    if files == ["linux.yml"]:
+        # Linux only: every other system is refused first, the file imported whole
+        refusal = next(t for t in main if "ansible.builtin.fail" in t)
+        assert refusal["when"] == "ansible_facts['system'] != 'Linux'", refusal
+        assert main.index(refusal) < main.index(task) and task["ansible.builtin.import_tasks"] == "linux.yml"
+        assert "when" not in task
+        return
+    assert files == ["linux.yml", "darwin.yml"], files
+    assert task["ansible.builtin.include_tasks"] == PLATFORM_INCLUDE and "when" not in task, task
+    assert set(task["tags"]) == PHASES, task
+    for name in files:
+        for inner in load("roles", role, "tasks", name):
+            tags = set(inner.get("tags", []))
+            if not tags:
+                # an untagged static import: its tasks carry their own phase tags
+                imported = inner.get("ansible.builtin.import_tasks")
+                assert imported, (name, inner["name"])
+                assert all(set(t.get("tags", [])) & PHASES for t in load("roles", role, "tasks", imported)), imported
+            else:
+                assert tags & PHASES and tags <= PHASES, (name, inner["name"], tags)
+
+
+def test_control_the_platform_check_catches_a_static_import():
+    """The check above, on a main.yml that imports linux.yml with `when:` (the old way), finds two loads."""
+    old = [{"name": "Set up on Linux", "ansible.builtin.import_tasks": "linux.yml",
+            "when": "ansible_facts['system'] == 'Linux'"},
+           {"name": "Set up on macOS", "tags": sorted(PHASES), "ansible.builtin.include_tasks": "darwin.yml",
+            "when": "ansible_facts['system'] == 'Darwin'"}]
+    assert len(platform_loads(old)) == 2

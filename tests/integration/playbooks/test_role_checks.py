@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from testpaths import ROOT
+from testpaths import LIST_TASKS, ROOT
 
 BIN = os.path.dirname(sys.executable)
 # one option per role that only the argument spec looks at (no semantic check reads it)
@@ -67,12 +67,14 @@ CASE = """
 """
 
 
-def ansible_playbook(tmp_path, text, *args):
+def ansible_playbook(tmp_path, text, *args, program=None):
+    """program: ansible-playbook, or tests/helpers/list_tasks.py (the roles' Linux task files listed too)."""
     (tmp_path / "play.yml").write_text(text)
-    return subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
+    return subprocess.run((program or [os.path.join(BIN, "ansible-playbook")]) + [
+                           "-i", "localhost,", "-c", "local",
                            "-e", "ansible_python_interpreter=" + sys.executable, str(tmp_path / "play.yml")]
                           + list(args), capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
-                          env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", CHV_LIST_SYSTEM="Linux"))
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +101,7 @@ def test_validate_checks_mains_options(outcomes, role):
 def test_main_checks_its_spec_once(tmp_path):
     text = "- hosts: localhost\n  gather_facts: false\n  roles:\n" + "".join(
         "    - chv.fleet.%s\n" % role for role in sorted(BAD))
-    proc = ansible_playbook(tmp_path, text, "--list-tasks")
+    proc = ansible_playbook(tmp_path, text, "--list-tasks", program=[sys.executable, LIST_TASKS])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     for role in BAD:
         tasks = re.findall(r"^\s+chv\.fleet\.%s : (.*?)\tTAGS:" % role, proc.stdout, re.M)

@@ -15,7 +15,7 @@ import sys
 import yaml
 
 from playbook_output import batches, recap
-from testpaths import ROOT
+from testpaths import LIST_TASKS, ROOT
 
 BIN = os.path.dirname(sys.executable)
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
@@ -112,12 +112,14 @@ def test_more_unreachable_hosts_than_the_allowance_stop_the_run_before_any_chang
 PHASES = ("install", "configure", "service")
 
 
-def listed(tmp_path, *tags):
-    """site.yml's role tasks that --tags selects: {"role : task": set of its tags} (--list-tasks)."""
+def listed(tmp_path, *tags, system="Linux"):
+    """site.yml's role tasks that --tags selects on a host of that system: {"role : task": set of its tags}
+    (--list-tasks, with each role's platform include expanded: tests/helpers/list_tasks.py)."""
     (tmp_path / "one.yml").write_text(json.dumps({"all": {"children": {"chv_fleet": {"hosts": {"h1": dict(LOCAL)}}}}}))
-    argv = [os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "one.yml"), os.path.join(ROOT, "site.yml"),
+    argv = [sys.executable, LIST_TASKS, "-i", str(tmp_path / "one.yml"), os.path.join(ROOT, "site.yml"),
             "--list-tasks"] + (["--tags", ",".join(tags)] if tags else [])
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True, cwd=ROOT)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True, cwd=ROOT,
+                          env=dict(os.environ, CHV_LIST_SYSTEM=system))
     return dict((name, set(t.strip() for t in taglist.split(",")))
                 for name, taglist in re.findall(r"^\s+(chv\.fleet\.\w+ : .*?)\tTAGS: \[(.*)\]$", proc.stdout, re.M)
                 if "Validating arguments" not in name)
@@ -150,3 +152,18 @@ def test_each_phase_tag_selects_its_own_tasks_and_every_role_task_has_a_phase(tm
     assert shared["Install the entry point of {{ _common_service.name }}"] == {"install"}
     assert shared["Render the configuration of {{ _common_service.name }}"] == {"configure"}
     assert shared["Install the systemd units of {{ _common_service.name }}"] == {"service"}
+
+
+def test_a_role_tag_selects_that_roles_tasks_of_the_hosts_platform_only(tmp_path):
+    """Each role includes its platform's task file (tasks/main.yml); the role's tag from site.yml
+    reaches the included tasks (an include's own tags would not), and only that platform's."""
+    linux_socket = "chv.fleet.broker : Enable and start the chv-broker socket"
+    darwin_plist = "chv.fleet.broker : Render the chv-broker LaunchDaemon plist"
+    linux = listed(tmp_path, "broker")
+    assert linux_socket in linux and darwin_plist not in linux, sorted(linux)
+    assert "broker" in linux[linux_socket] and "service" in linux[linux_socket]
+    assert {name.split(" : ")[0] for name in linux} == {"chv.fleet.broker", "chv.fleet._common"}, sorted(linux)
+    darwin = listed(tmp_path, "broker", system="Darwin")
+    assert darwin_plist in darwin and linux_socket not in darwin, sorted(darwin)
+    # control: another role's tag selects none of them
+    assert not {linux_socket, darwin_plist} & set(listed(tmp_path, "cell_nat"))

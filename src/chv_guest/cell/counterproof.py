@@ -33,7 +33,8 @@ from . import audit
 from . import catalog
 from . import policy as policymod
 from . import ruleset as rulesetmod
-from .catalog.loosen import Context, Loosening
+from . import doorbuild
+from .catalog.loosen import Context, Loosening, through_doors
 
 COMMENT = "chv-audit counter-proof"
 CHAINS = ("forward", "input", "output")  # the table's base chains a loosening inserts into
@@ -116,10 +117,20 @@ def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -
 
 
 def loosened_policy(raw: Dict[str, Any], loosening: Loosening, ctx: Context) -> Dict[str, Any]:
+    """The policy copy of the loosening's run: its edit, and the bind and socket
+    of the run's test builds when it has any (loosen.through_doors)."""
     out = copy.deepcopy(raw)
-    assert loosening.edit is not None, loosening.name  # called for the loosenings that edit the policy only
-    loosening.edit(out, ctx)
+    assert loosening.edit or loosening.doors, loosening.name  # called for the loosenings that copy the policy only
+    if loosening.edit:
+        loosening.edit(out, ctx)
+    if loosening.doors:
+        through_doors(out, ctx)
     return out
+
+
+def selected(cases: Sequence[str]) -> List[Loosening]:
+    """The loosenings of ``cases`` (--case), every one for none."""
+    return [lo for lo in LOOSENINGS if not cases or set(lo.cases) & set(cases)]
 
 
 def outcome(loosening: Loosening, rep: Dict[str, Any]) -> Dict[str, Any]:
@@ -162,8 +173,10 @@ def attempt(loosening: Loosening, run_cells: Callable[[], Dict[str, Any]], tries
 
 
 def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
-    """Before (the whole catalog), every loosening (the cells only), after
-    (the cells only); returns the counter-proof report."""
+    """Before (the whole catalog), every loosening (the cells only; with
+    --case, those of the cases named), after (the cells only); returns the
+    counter-proof report. Every run judges the whole catalog: a loosening
+    is proven only when no case but its own fails."""
     pol = policymod.load(policy_path)
     with open(policy_path) as fh:
         raw = json.load(fh)
@@ -171,20 +184,29 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     others = [s for s in pol["slots"] if s["name"] != slot_a["name"]]
     ctx = {"pol": pol, "slot_a": slot_a, "slot_b": others[0] if others else None, "opts": opts}
     stale = remove_rules(pol) + remove_elements(pol)
+    stale_builds = doorbuild.remove_stale(os.path.join(os.path.dirname(pol["systemd_run"]), "systemctl"))
+    loosenings = selected(opts.get("cases") or [])
+    opts = dict(opts, cases=[])
     before = audit.run(policy_path, opts)
     results: List[Dict[str, Any]] = []
     inapplicable: List[Dict[str, Any]] = []
     # the cells only: the lifecycle cases are not run (skipped), whatever --strict-skips says
     cells_only = dict(opts, lifecycle=False, strict_skips=False)
-    for loosening in LOOSENINGS:
+    for loosening in loosenings:
         reason = not_applicable(loosening, ctx, before)
         if reason:
             inapplicable.append({"name": loosening.name, "how": loosening.how, "expected": list(loosening.cases),
                                  "verdict": "not applicable", "reason": reason})
             continue
         copy_path = None
+        doors = doorbuild.DoorBuilds(pol["systemd_run"], slot_a["uid_base"]) if loosening.doors else None
         try:
-            if loosening.edit:
+            run_opts = dict(cells_only)
+            if doors:
+                doors.start(loosening.doors)
+                ctx["doors"] = doors.paths()
+                run_opts["broker_socket"] = doors.broker_socket  # the guest's own pings (IPC-02, IPC-03)
+            if loosening.edit or loosening.doors:
                 fd, copy_path = tempfile.mkstemp(prefix="audit-policy-", suffix=".json", dir=pol["state_dir"])
                 with os.fdopen(fd, "w") as fh:
                     json.dump(loosened_policy(raw, loosening, ctx), fh)
@@ -193,8 +215,8 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
                 insert_rules(pol, loosening.rules(ctx))
             if loosening.elements:
                 insert_elements(pol, loosening.elements(ctx))
-            results.append(attempt(loosening, lambda: audit.run(policy_path, dict(cells_only, cell_policy=copy_path))))
-        except RuntimeError as exc:  # nft refused a rule: nothing was loosened, nothing proven
+            results.append(attempt(loosening, lambda: audit.run(policy_path, dict(run_opts, cell_policy=copy_path))))
+        except RuntimeError as exc:  # nft refused a rule, a test build did not start: nothing proven
             results.append({"name": loosening.name, "how": loosening.how, "expected": list(loosening.cases),
                             "failed": [], "errors": list(loosening.cases), "verdict": "error",
                             "evidence": {"loosening": str(exc)[:300]}})
@@ -202,14 +224,17 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
             remove_rules(pol)
             if loosening.elements:
                 remove_elements(pol)
+            if doors:
+                doors.stop()
+                ctx.pop("doors", None)
             if copy_path:
                 os.unlink(copy_path)
     after = audit.run(policy_path, cells_only)
-    return summary(before, after, results, inapplicable, stale)
+    return summary(before, after, results, inapplicable, stale, stale_builds)
 
 
 def summary(before: Dict[str, Any], after: Dict[str, Any], results: List[Dict[str, Any]], inapplicable: List[Dict[str, Any]],
-            stale: int = 0) -> Dict[str, Any]:
+            stale: int = 0, stale_builds: int = 0) -> Dict[str, Any]:
     proven = [r for r in results if r["verdict"] == "proven"]
     errors = [r for r in results if r["verdict"] == "error"]
     if before["verdict"] != "passed" or after["verdict"] != "passed" or errors:
@@ -224,6 +249,7 @@ def summary(before: Dict[str, Any], after: Dict[str, Any], results: List[Dict[st
             "before": {"verdict": before["verdict"], "counts": before["counts"]},
             "after": {"verdict": after["verdict"], "counts": after["counts"]},
             "loosenings": results, "not_applicable": inapplicable, "stale_rules_removed": stale,
+            "stale_builds_removed": stale_builds,
             "not_counter_provable": dict(NOT_COUNTER_PROVABLE), "before_report": before}
 
 

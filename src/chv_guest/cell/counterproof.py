@@ -37,6 +37,7 @@ from . import doorbuild
 from .catalog.loosen import Context, Loosening, through_doors
 
 COMMENT = "chv-audit counter-proof"
+COPY_PREFIX = "audit-policy-"  # a loosening's policy copy in the state directory: COPY_PREFIX<pid>-XXXX.json
 CHAINS = ("forward", "input", "output")  # the table's base chains a loosening inserts into
 SETS = ("carve_nets",)  # the table's sets a loosening adds elements to
 EXIT_NOT_PROVEN = audit.EXIT_FAILED
@@ -101,6 +102,31 @@ def insert_rules(pol: policymod.Policy, rules: Sequence[Tuple[str, str]]) -> Non
                                                                                       ["comment", '"%s"' % COMMENT]))
         if p.returncode != 0:
             raise RuntimeError("nft insert rule %s %s: %s" % (chain, rule, p.stderr.strip()))
+
+
+def copy_prefix(pid: int) -> str:
+    """The name a policy copy of counter-proof ``pid`` starts with, in the state directory."""
+    return "%s%d-" % (COPY_PREFIX, pid)
+
+
+def remove_stale_copies(state_dir: str) -> int:
+    """Remove the policy copies a killed counter-proof left (its pid, in the name, gone); returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(COPY_PREFIX):].split("-", 1)[0]
+        if not name.startswith(COPY_PREFIX) or not pid.isdigit() or int(pid) == os.getpid() or \
+                os.path.exists("/proc/%s" % pid):
+            continue
+        try:
+            os.unlink(os.path.join(state_dir, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -> Optional[str]:
@@ -185,6 +211,7 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     ctx = {"pol": pol, "slot_a": slot_a, "slot_b": others[0] if others else None, "opts": opts}
     stale = remove_rules(pol) + remove_elements(pol)
     stale_builds = doorbuild.remove_stale(os.path.join(os.path.dirname(pol["systemd_run"]), "systemctl"))
+    stale_copies = remove_stale_copies(pol["state_dir"])
     loosenings = selected(opts.get("cases") or [])
     opts = dict(opts, cases=[])
     before = audit.run(policy_path, opts)
@@ -207,7 +234,8 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
                 ctx["doors"] = doors.paths()
                 run_opts["broker_socket"] = doors.broker_socket  # the guest's own pings (IPC-02, IPC-03)
             if loosening.edit or loosening.doors:
-                fd, copy_path = tempfile.mkstemp(prefix="audit-policy-", suffix=".json", dir=pol["state_dir"])
+                fd, copy_path = tempfile.mkstemp(prefix=copy_prefix(os.getpid()), suffix=".json",
+                                                 dir=pol["state_dir"])
                 with os.fdopen(fd, "w") as fh:
                     json.dump(loosened_policy(raw, loosening, ctx), fh)
                 os.chmod(copy_path, 0o644)
@@ -230,7 +258,7 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
             if copy_path:
                 os.unlink(copy_path)
     after = audit.run(policy_path, cells_only)
-    return summary(before, after, results, inapplicable, stale, stale_builds)
+    return dict(summary(before, after, results, inapplicable, stale, stale_builds), stale_copies_removed=stale_copies)
 
 
 def summary(before: Dict[str, Any], after: Dict[str, Any], results: List[Dict[str, Any]], inapplicable: List[Dict[str, Any]],

@@ -151,3 +151,18 @@ def test_the_next_counter_proof_removes_a_killed_ones_builds_and_keeps_a_running
     assert not os.path.exists(dead) and os.path.isdir(live) and other.is_dir()
     calls = stand_ins["calls"].read_text()
     assert "stop -- %s" % doorbuild.scope_of(dead) in calls and doorbuild.scope_of(live) not in calls
+
+
+def test_the_next_counter_proof_removes_a_killed_ones_policy_copies_only(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        names = [counterproof.copy_prefix(pid) + "x.json" for pid in (gone.pid, running.pid, os.getpid())]
+        for name in names + ["audit-policy-old.json", "cells"]:
+            (tmp_path / name).write_text("{}")
+        assert counterproof.remove_stale_copies(str(tmp_path)) == 1
+    finally:
+        running.kill()
+        running.wait()
+    assert sorted(os.listdir(str(tmp_path))) == sorted(names[1:] + ["audit-policy-old.json", "cells"])

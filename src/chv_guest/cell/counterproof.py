@@ -9,10 +9,14 @@ against the real policy), accept rules inserted at the top of the
 cell_nat table's base chains, matching cell A's interface and the audit's
 own destinations only, so that no other slot is loosened, or elements
 added to one of the table's sets (TEN-06: the audit's own special-range
-stand-in, a /32 in the carve-out set, for that run). Inserted rules and
+stand-in, a /32 in the carve-out set, for that run), or test builds of
+the doors started for that run only (IPC-02 to IPC-04, BRW-04:
+doorbuild.py; the policy copy binds the broker build's directory as the
+cells' /run/chv). Inserted rules and
 elements carry COMMENT and are removed after the run, and by the next
 counter-proof run or a reload of the ruleset (chv-cell-nat.service) if the
-audit was killed in between.
+audit was killed in between; so are the test builds and policy copies
+of a killed counter-proof (doorbuild.remove_stale, remove_stale_copies).
 
 Each case names its loosening, or the reason it cannot be loosened here
 (catalog/, its area's module; NOT_COUNTER_PROVABLE collects the reasons);

@@ -6,6 +6,7 @@ guard refusing every start but the counter-proof's.
 The processes are started as chv_guest/cell/doorbuild.py starts them (its
 ENTRY), without the systemd scope (no systemd here), by the test process,
 whose pid the run directory's owner file names: the counter-proof's place."""
+import ast
 import json
 import os
 import shutil
@@ -224,3 +225,27 @@ def test_the_wrapper_refuses_any_other_start_and_serves_nothing(build_dir, why, 
     finally:
         if setup is None:
             shutil.rmtree(d)
+
+
+def test_no_production_path_imports_a_test_build():
+    """The services' entry points and units (the roles' templates) run the
+    servers; no module of the package but the test builds themselves
+    imports one (doorbuild.py starts them by name, in a process of their own)."""
+    from testpaths import ROOT  # noqa: PLC0415
+
+    for role, name in (("broker", "chv-broker"), ("browser", "chv-browser")):
+        for template in (name + ".j2", name + ".service.j2"):
+            with open(os.path.join(ROOT, "roles", role, "templates", template)) as fh:
+                assert "testbuild" not in fh.read(), template
+    def imports_a_test_build(path):
+        with open(path) as fh:
+            tree = ast.parse(fh.read())
+        return any(isinstance(n, ast.ImportFrom) and ("testbuild" in (n.module or "") or
+                                                      any(a.name == "testbuild" for a in n.names))
+                   for n in ast.walk(tree))
+    modules = [os.path.join(d, f) for d, _dirs, files in os.walk(os.path.join(SRC, "chv_guest")) for f in files
+               if f.endswith(".py")]
+    importers = [m for m in modules if imports_a_test_build(m)]
+    # only the test builds, each importing the guard (the control: the reader sees an import of one)
+    assert sorted(os.path.relpath(m, SRC) for m in importers) == ["chv_guest/broker/testbuild.py",
+                                                                 "chv_guest/browser/testbuild.py"]

@@ -42,8 +42,8 @@ SKIPS = {"LIM-02"} | (set() if DENIED else {"NET-05"})
 # /etc/chv is 0700 and each workspace 2750 with its slot's owner: their
 # permissions keep every cell out as well, so no single loosening opens them
 NOT_APPLICABLE = {"FS-01", "FS-03"}
-PROVEN = {"FS-02", "FS-04", "FS-05", "ID-03/04", "ID-07", "NET-02", "NET-03", "NET-04", "NET-05", "BRW-01",
-          "BRW-02", "BRW-03", "TEN-04", "TEN-06"}
+PROVEN = {"FS-02", "FS-04", "FS-05", "ID-03/04", "ID-07", "NET-02", "NET-03", "NET-04", "NET-05", "IPC-02",
+          "IPC-04", "BRW-01", "BRW-02", "BRW-03", "BRW-04", "TEN-04", "TEN-06"}
 COUNTER_PROOF = SCENARIO == "fleet"
 # fixed ports inside the lab host's listener range (lab.json listener_ports,
 # docs/lab.md): the lab host refuses guests anything else
@@ -152,13 +152,17 @@ def test_each_loosened_boundary_fails_exactly_its_case_and_passes_again_after(ca
     assert set(r["name"] for r in rep["not_applicable"]) == NOT_APPLICABLE
     assert rep["after"]["verdict"] == "passed"
     assert (rc, rep["verdict"]) == (0, "proven")
-    assert rep["stale_rules_removed"] == 0
+    assert rep["stale_rules_removed"] == rep["stale_builds_removed"] == rep["stale_copies_removed"] == 0
 
 
 def test_no_loosening_is_left_on_the_guest(host):
     """No rule and no set element of a counter-proof (TEN-06's carve_nets
-    element carries the comment too), no policy copy, no stand-in address."""
+    element carries the comment too), no policy copy, no stand-in address,
+    nothing of the doors' test builds (their directories, scopes, processes)."""
     with host.sudo():
+        assert host.check_output("ls /run | grep -c '^chv-audit-build' || true") == "0"
+        assert "chv-audit-build" not in host.check_output("systemctl list-units --all --no-legend 'chv-audit-build-*'")
+        assert host.check_output("pgrep -fc 'testbuild import main' || true") == "0"
         assert "chv-audit" not in host.check_output("nft list table inet chv_cell")
         assert SPECIAL not in host.check_output("nft list set inet chv_cell carve_nets")
         assert host.check_output("ls /run/chv-fleet | grep -c audit-policy || true") == "0"

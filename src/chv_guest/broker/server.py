@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, TypedDict, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Type, TypedDict, Union
 
 from ..wire import wire
 from .freeze import Freezer, FreezeError, thaw_all
@@ -463,7 +463,9 @@ class Broker:
         self._stop.set()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, broker_class: Type[Broker] = Broker) -> int:
+    """chv-broker; ``broker_class`` is Broker but in a counter-proof's test build
+    (testbuild.py), which the entry point never imports."""
     ap = argparse.ArgumentParser(prog="chv-broker")
     ap.add_argument("--config", default="/etc/chv-fleet/broker.json")
     ap.add_argument("--listen", help="bind this Unix socket path instead of socket activation (development)")
@@ -492,7 +494,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.chmod(tmp, 0o666)
         listener.listen(64)
         os.rename(tmp, args.listen)
-    broker = Broker(cfg)
+    broker = broker_class(cfg)
     signal.signal(signal.SIGTERM, broker.stop)
     signal.signal(signal.SIGINT, broker.stop)
     if cfg["browser"]["enabled"] and cfg["browser"]["reap_interval"] > 0:

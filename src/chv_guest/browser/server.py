@@ -93,7 +93,7 @@ import sys
 import threading
 import time
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Set, Tuple,
-                    TypedDict, TypeVar, cast)
+                    Type, TypedDict, TypeVar, cast)
 
 from ..wire import wire
 from .config import DEFAULTS, load_config, validate
@@ -759,7 +759,9 @@ def bind_socket(cfg: wire.JSONObject) -> socket.socket:
     return s
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, engine_class: Type[Engine] = Engine) -> int:
+    """chv-browser; ``engine_class`` is Engine but in a counter-proof's test build
+    (testbuild.py), which the entry point never imports."""
     ap = argparse.ArgumentParser(prog="chv-browser")
     ap.add_argument("--config", default="/etc/chv-fleet/browser.json")
     args = ap.parse_args(argv)
@@ -772,7 +774,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
     # systemd's chv-browser.socket (owner, group and mode set there), else bind it ourselves
     listener = wire.listener_from_env(os.environ) or bind_socket(cfg)
-    engine = Engine(cfg)
+    engine = engine_class(cfg)
     engine.start()
     server = Server(cfg, engine)
     signal.signal(signal.SIGTERM, server.stop)

@@ -415,8 +415,12 @@ class Fixtures(object):
         return []
 
 
-def _broker_as(client: str, uid: Optional[int] = None) -> Facts:
+def _broker_as(client: str, uid: Optional[int] = None, sock: Optional[str] = None) -> Facts:
+    """A ping from the guest, outside every cell, as root or ``uid``, to chv-broker's
+    socket or ``sock`` (a counter-proof's test build: doorbuild.py)."""
     kwargs: Dict[str, Any] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+    if sock:
+        kwargs["env"] = dict(os.environ, CHV_BROKER_SOCKET=sock)
     try:
         p = subprocess.run([sys.executable, "-I", client, json.dumps({"op": "ping"})], capture_output=True,
                            text=True, timeout=30, check=False, **kwargs)
@@ -608,8 +612,8 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
     g["etc_write_seen"] = os.path.exists("/etc/%s" % mark)
     g["trusted_changed"] = [p for p in trusted if _sha256(p) != before[p]]
     if request["broker_client"]:
-        g["broker_root"] = _broker_as(request["broker_client"])
-        g["broker_cell_uid"] = _broker_as(request["broker_client"], uid_a)
+        g["broker_root"] = _broker_as(request["broker_client"], None, opts.get("broker_socket"))
+        g["broker_cell_uid"] = _broker_as(request["broker_client"], uid_a, opts.get("broker_socket"))
 
 
 # the keys of cell A's request that only a section of its report reads (the others every section may read)

@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     _repeated(u, "--label", "KEY=VALUE", "a line for the report's header (the collection version, a git commit)")
     u.add_argument("--strict-skips", action="store_true", help="a skipped case fails the run")
     _repeated(u, "--case", "ID", "run and report this case only (repeatable; the cells' probes still run whole, "
-              "the lifecycle runs only for a lifecycle case)")
+              "the lifecycle runs only for a lifecycle case); with --counter-proof: loosen this case's boundary "
+              "only, every run still judging the whole catalog")
     u.add_argument("--keep", action="store_true",
                    help="keep the files the audit put into the slots for inspection (their paths in the report's "
                    "header); its processes and guest changes are still undone")
@@ -297,8 +298,10 @@ def audit(ns: argparse.Namespace) -> int:
     if unknown:
         logmod.log("audit: --case %s: no such case (chv-cell audit --list)" % ", ".join(unknown))
         return exits.EXIT_CONFIG
-    if ns.case and ns.counter_proof:
-        logmod.log("audit: --case and --counter-proof do not go together (a counter-proof needs the whole catalog)")
+    unprovable = [cid for cid in ns.case if cid in catalog.NOT_COUNTER_PROVABLE]
+    if ns.counter_proof and unprovable:
+        logmod.log("audit: --counter-proof --case %s: not counter-provable here (chv-cell audit --list)"
+                   % ", ".join(unprovable))
         return exits.EXIT_CONFIG
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
             "allow_url": ns.allow_url, "special": ns.special,

@@ -9,10 +9,14 @@ against the real policy), accept rules inserted at the top of the
 cell_nat table's base chains, matching cell A's interface and the audit's
 own destinations only, so that no other slot is loosened, or elements
 added to one of the table's sets (TEN-06: the audit's own special-range
-stand-in, a /32 in the carve-out set, for that run). Inserted rules and
+stand-in, a /32 in the carve-out set, for that run), or test builds of
+the doors started for that run only (IPC-02 to IPC-04, BRW-04:
+doorbuild.py; the policy copy binds the broker build's directory as the
+cells' /run/chv). Inserted rules and
 elements carry COMMENT and are removed after the run, and by the next
 counter-proof run or a reload of the ruleset (chv-cell-nat.service) if the
-audit was killed in between.
+audit was killed in between; so are the test builds and policy copies
+of a killed counter-proof (doorbuild.remove_stale, remove_stale_copies).
 
 Each case names its loosening, or the reason it cannot be loosened here
 (catalog/, its area's module; NOT_COUNTER_PROVABLE collects the reasons);
@@ -33,9 +37,11 @@ from . import audit
 from . import catalog
 from . import policy as policymod
 from . import ruleset as rulesetmod
-from .catalog.loosen import Context, Loosening
+from . import doorbuild
+from .catalog.loosen import Context, Loosening, through_doors
 
 COMMENT = "chv-audit counter-proof"
+COPY_PREFIX = "audit-policy-"  # a loosening's policy copy in the state directory: COPY_PREFIX<pid>-XXXX.json
 CHAINS = ("forward", "input", "output")  # the table's base chains a loosening inserts into
 SETS = ("carve_nets",)  # the table's sets a loosening adds elements to
 EXIT_NOT_PROVEN = audit.EXIT_FAILED
@@ -102,6 +108,31 @@ def insert_rules(pol: policymod.Policy, rules: Sequence[Tuple[str, str]]) -> Non
             raise RuntimeError("nft insert rule %s %s: %s" % (chain, rule, p.stderr.strip()))
 
 
+def copy_prefix(pid: int) -> str:
+    """The name a policy copy of counter-proof ``pid`` starts with, in the state directory."""
+    return "%s%d-" % (COPY_PREFIX, pid)
+
+
+def remove_stale_copies(state_dir: str) -> int:
+    """Remove the policy copies a killed counter-proof left (its pid, in the name, gone); returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(COPY_PREFIX):].split("-", 1)[0]
+        if not name.startswith(COPY_PREFIX) or not pid.isdigit() or int(pid) == os.getpid() or \
+                os.path.exists("/proc/%s" % pid):
+            continue
+        try:
+            os.unlink(os.path.join(state_dir, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -> Optional[str]:
     """Why this guest cannot show the loosening, or None: its own needs,
     or its cases skipped in the run before (a loosening cannot make a case
@@ -116,10 +147,20 @@ def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -
 
 
 def loosened_policy(raw: Dict[str, Any], loosening: Loosening, ctx: Context) -> Dict[str, Any]:
+    """The policy copy of the loosening's run: its edit, and the bind and socket
+    of the run's test builds when it has any (loosen.through_doors)."""
     out = copy.deepcopy(raw)
-    assert loosening.edit is not None, loosening.name  # called for the loosenings that edit the policy only
-    loosening.edit(out, ctx)
+    assert loosening.edit or loosening.doors, loosening.name  # called for the loosenings that copy the policy only
+    if loosening.edit:
+        loosening.edit(out, ctx)
+    if loosening.doors:
+        through_doors(out, ctx)
     return out
+
+
+def selected(cases: Sequence[str]) -> List[Loosening]:
+    """The loosenings of ``cases`` (--case), every one for none."""
+    return [lo for lo in LOOSENINGS if not cases or set(lo.cases) & set(cases)]
 
 
 def outcome(loosening: Loosening, rep: Dict[str, Any]) -> Dict[str, Any]:
@@ -162,8 +203,10 @@ def attempt(loosening: Loosening, run_cells: Callable[[], Dict[str, Any]], tries
 
 
 def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
-    """Before (the whole catalog), every loosening (the cells only), after
-    (the cells only); returns the counter-proof report."""
+    """Before (the whole catalog), every loosening (the cells only; with
+    --case, those of the cases named), after (the cells only); returns the
+    counter-proof report. Every run judges the whole catalog: a loosening
+    is proven only when no case but its own fails."""
     pol = policymod.load(policy_path)
     with open(policy_path) as fh:
         raw = json.load(fh)
@@ -171,21 +214,32 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     others = [s for s in pol["slots"] if s["name"] != slot_a["name"]]
     ctx = {"pol": pol, "slot_a": slot_a, "slot_b": others[0] if others else None, "opts": opts}
     stale = remove_rules(pol) + remove_elements(pol)
+    stale_builds = doorbuild.remove_stale(os.path.join(os.path.dirname(pol["systemd_run"]), "systemctl"))
+    stale_copies = remove_stale_copies(pol["state_dir"])
+    loosenings = selected(opts.get("cases") or [])
+    opts = dict(opts, cases=[])
     before = audit.run(policy_path, opts)
     results: List[Dict[str, Any]] = []
     inapplicable: List[Dict[str, Any]] = []
     # the cells only: the lifecycle cases are not run (skipped), whatever --strict-skips says
     cells_only = dict(opts, lifecycle=False, strict_skips=False)
-    for loosening in LOOSENINGS:
+    for loosening in loosenings:
         reason = not_applicable(loosening, ctx, before)
         if reason:
             inapplicable.append({"name": loosening.name, "how": loosening.how, "expected": list(loosening.cases),
                                  "verdict": "not applicable", "reason": reason})
             continue
         copy_path = None
+        doors = doorbuild.DoorBuilds(pol["systemd_run"], slot_a["uid_base"]) if loosening.doors else None
         try:
-            if loosening.edit:
-                fd, copy_path = tempfile.mkstemp(prefix="audit-policy-", suffix=".json", dir=pol["state_dir"])
+            run_opts = dict(cells_only)
+            if doors:
+                doors.start(loosening.doors)
+                ctx["doors"] = doors.paths()
+                run_opts["broker_socket"] = doors.broker_socket  # the guest's own pings (IPC-02, IPC-03)
+            if loosening.edit or loosening.doors:
+                fd, copy_path = tempfile.mkstemp(prefix=copy_prefix(os.getpid()), suffix=".json",
+                                                 dir=pol["state_dir"])
                 with os.fdopen(fd, "w") as fh:
                     json.dump(loosened_policy(raw, loosening, ctx), fh)
                 os.chmod(copy_path, 0o644)
@@ -193,8 +247,8 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
                 insert_rules(pol, loosening.rules(ctx))
             if loosening.elements:
                 insert_elements(pol, loosening.elements(ctx))
-            results.append(attempt(loosening, lambda: audit.run(policy_path, dict(cells_only, cell_policy=copy_path))))
-        except RuntimeError as exc:  # nft refused a rule: nothing was loosened, nothing proven
+            results.append(attempt(loosening, lambda: audit.run(policy_path, dict(run_opts, cell_policy=copy_path))))
+        except RuntimeError as exc:  # nft refused a rule, a test build did not start: nothing proven
             results.append({"name": loosening.name, "how": loosening.how, "expected": list(loosening.cases),
                             "failed": [], "errors": list(loosening.cases), "verdict": "error",
                             "evidence": {"loosening": str(exc)[:300]}})
@@ -202,14 +256,17 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
             remove_rules(pol)
             if loosening.elements:
                 remove_elements(pol)
+            if doors:
+                doors.stop()
+                ctx.pop("doors", None)
             if copy_path:
                 os.unlink(copy_path)
     after = audit.run(policy_path, cells_only)
-    return summary(before, after, results, inapplicable, stale)
+    return dict(summary(before, after, results, inapplicable, stale, stale_builds), stale_copies_removed=stale_copies)
 
 
 def summary(before: Dict[str, Any], after: Dict[str, Any], results: List[Dict[str, Any]], inapplicable: List[Dict[str, Any]],
-            stale: int = 0) -> Dict[str, Any]:
+            stale: int = 0, stale_builds: int = 0) -> Dict[str, Any]:
     proven = [r for r in results if r["verdict"] == "proven"]
     errors = [r for r in results if r["verdict"] == "error"]
     if before["verdict"] != "passed" or after["verdict"] != "passed" or errors:
@@ -224,6 +281,7 @@ def summary(before: Dict[str, Any], after: Dict[str, Any], results: List[Dict[st
             "before": {"verdict": before["verdict"], "counts": before["counts"]},
             "after": {"verdict": after["verdict"], "counts": after["counts"]},
             "loosenings": results, "not_applicable": inapplicable, "stale_rules_removed": stale,
+            "stale_builds_removed": stale_builds,
             "not_counter_provable": dict(NOT_COUNTER_PROVABLE), "before_report": before}
 
 

@@ -846,11 +846,37 @@ def test_the_counter_proof_runs_before_each_loosening_and_after(monkeypatch, raw
 
     def fake_run(policy_path, opts):
         runs.append(opts)
+        if opts.get("broker_socket"):
+            with open(opts["cell_policy"]) as fh:
+                binds = json.load(fh)["writable_binds"]
+            assert {"source": str(tmp_path / "build" / "run"), "target": "/run/chv", "optional": False} in binds
         return dict(_rep({}), verdict="passed", exit=0, header={"guest": "g1"},
                     counts={"pass": len(catalog.CASES), "fail": 0, "error": 0, "skip": 0})
 
     def refuse(pol, rules):
         raise RuntimeError("nft insert rule %s: Error: No such file or directory" % rules[0][0])
+
+    class Doors(object):
+        """The doors' test builds: recorded, their directories real (the copy's bind must name one)."""
+        started, stopped = [], []
+
+        def __init__(self, systemd_run, cell_gid):
+            self.broker_socket = str(tmp_path / "build" / "run" / "broker.sock")
+            self.browser_socket = None
+
+        def start(self, doors):
+            Doors.started.append(tuple(doors))
+            if ("browser", "raw-html") in doors:
+                self.browser_socket = str(tmp_path / "build-b" / "browser.sock")
+
+        def paths(self):
+            return {"broker_socket": self.broker_socket, "browser_socket": self.browser_socket,
+                    "cell_run_dir": os.path.dirname(self.broker_socket)}
+
+        def stop(self):
+            Doors.stopped.append(self.broker_socket)
+    monkeypatch.setattr(counterproof.doorbuild, "DoorBuilds", Doors)
+    monkeypatch.setattr(counterproof.doorbuild, "remove_stale", lambda systemctl: 0)
     monkeypatch.setattr(audit, "run", fake_run)
     monkeypatch.setattr(counterproof, "insert_rules", refuse)
     monkeypatch.setattr(counterproof, "remove_rules", lambda pol: 0)
@@ -872,6 +898,14 @@ def test_the_counter_proof_runs_before_each_loosening_and_after(monkeypatch, raw
     assert by_name["TEN-06"]["verdict"] == "error" and "carve_nets" in by_name["TEN-06"]["evidence"]["loosening"]
     assert (rep["verdict"], rep["exit"]) == ("error", counterproof.EXIT_ERROR)
     assert not [n for n in os.listdir(str(tmp_path)) if n.startswith("audit-policy-")]  # the copies are gone
+    # the doors' loosenings: their builds started for their run only and stopped after it; the run's
+    # cells started with a copy that binds the build's directory, the guest's pings sent to its socket
+    assert Doors.started == [(("broker", "any-peer"),), (("broker", "any-op"),), (("browser", "raw-html"),)]
+    assert len(Doors.stopped) == 3
+    door_runs = [r for r in runs if r.get("broker_socket")]
+    assert len(door_runs) == 3 and all(r["broker_socket"] == str(tmp_path / "build" / "run" / "broker.sock")
+                                       for r in door_runs)
+    assert [r for r in runs if r not in door_runs and r.get("broker_socket")] == []
 
 
 def test_a_fixture_file_never_follows_a_link_planted_at_its_name(tmp_path):
@@ -937,7 +971,7 @@ def _counts0():
 
 @pytest.mark.parametrize("extra,needle", [
     (["--case", "NOPE-99"], "--case NOPE-99: no such case (chv-cell audit --list)"),
-    (["--case", "FS-01", "--counter-proof"], "--case and --counter-proof do not go together"),
+    (["--case", "FS-06", "--counter-proof"], "--counter-proof --case FS-06: not counter-provable here"),
 ])
 def test_bad_case_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_policy, extra, needle):
     from chv_guest.cell import cli

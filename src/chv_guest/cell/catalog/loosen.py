@@ -19,11 +19,18 @@ Pairs = Callable[[Context], List[Tuple[str, str]]]
 Needs = Callable[[Context], Optional[str]]
 
 
+# where cells have chv-broker's socket (the client's default), the target of the bind through_doors moves
+CELL_BROKER_DIR = "/run/chv"
+
+
 @dataclass
 class Loosening:
     """One boundary loosened: ``edit(raw, ctx)`` changes a copy of the raw
     policy, ``rules(ctx)`` returns (chain, rule) pairs to insert,
-    ``elements(ctx)`` (set, element) pairs to add to the table's sets;
+    ``elements(ctx)`` (set, element) pairs to add to the table's sets,
+    ``doors`` names the doors' test builds to start for the run ((service,
+    variant) pairs, chv_guest/cell/doorbuild.py; the policy copy then takes
+    cells A and B to them: through_doors);
     ``needs(ctx)`` returns why this guest cannot show it, or None.
     ``cases`` (and ``name``, when not given) come from the cases that name
     it (the registry fills them in)."""
@@ -32,6 +39,7 @@ class Loosening:
     rules: Optional[Pairs] = None
     needs: Optional[Needs] = None
     elements: Optional[Pairs] = None
+    doors: Tuple[Tuple[str, str], ...] = ()
     name: str = ""
     cases: Tuple[str, ...] = ()
 
@@ -81,3 +89,20 @@ def a_if(ctx: Context) -> str:
     """Cell A's host-side interface, which the ruleset loosenings match."""
     ifname: str = ctx["slot_a"]["host_ifname"]
     return ifname
+
+
+def through_doors(raw: Dict[str, Any], ctx: Context) -> None:
+    """A policy copy whose cells reach the run's test builds (``ctx["doors"]``,
+    doorbuild.DoorBuilds.paths): the bind that gives cells /run/chv (where
+    they have chv-broker's socket) from the broker build's directory, and
+    browser_socket (where the launcher ends a run's browser state) the
+    browser build's socket when there is one."""
+    doors = ctx["doors"]
+    binds = list(raw.get("writable_binds", ctx["pol"]["writable_binds"]))
+    moved = [dict(b, source=doors["cell_run_dir"]) if b.get("target", b["source"]) == CELL_BROKER_DIR else b
+             for b in binds]
+    if moved == binds:
+        raise RuntimeError("the policy binds nothing at %s, where cells have chv-broker" % CELL_BROKER_DIR)
+    raw["writable_binds"] = moved
+    if doors.get("browser_socket"):
+        raw["browser_socket"] = doors["browser_socket"]

@@ -26,8 +26,8 @@ SUDO = "/usr/bin/sudo"
 GROUP_VARIABLE = "chv_cell_agent_group"
 
 USAGE = ("usage: chv-cell run [--slot NAME | --task ID] [--timeout SECONDS] [--runtime-max SECONDS] [--status-fd N] "
-         "[-v] -- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH | chv-cell task start [--ttl SECONDS] "
-         "| chv-cell task end ID | chv-cell task list")
+         "[--env-fd N] [-v] -- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH | chv-cell task start "
+         "[--ttl SECONDS] [--env-fd N] | chv-cell task end ID | chv-cell task list")
 
 _SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")  # as policy._SLOT_RE
 _SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
@@ -40,7 +40,8 @@ TASK_VERBS = ("start", "end", "list")  # `task reap` is root's (the timer's), ne
 
 
 # status_fd: run's --status-fd (None without); path: read's PATH; task: run's
-# --task or task end's ID; ttl: task start's --ttl; verb: task's verb.
+# --task or task end's ID; ttl: task start's --ttl; verb: task's verb;
+# env_fd: run's or task start's --env-fd (the variables' fd, taskenv.py).
 class AgentRequest(NamedTuple):
     action: str
     slot: Optional[str]
@@ -54,6 +55,7 @@ class AgentRequest(NamedTuple):
     task: Optional[str] = None
     ttl: Optional[float] = None
     verb: Optional[str] = None
+    env_fd: Optional[int] = None
 
 
 class Refused(Exception):
@@ -75,7 +77,7 @@ def _seconds(option: str, value: str, lowest_exclusive: bool) -> float:
     return v
 
 
-_VALUE_OPTIONS = ("--slot", "--task", "--timeout", "--runtime-max", "--status-fd")
+_VALUE_OPTIONS = ("--slot", "--task", "--timeout", "--runtime-max", "--status-fd", "--env-fd")
 _FLAG_OPTIONS = {"-v": "verbose", "--verbose": "verbose", "--shared-network": "shared_network"}
 
 
@@ -133,18 +135,30 @@ def _parse_task(rest: Sequence[str]) -> AgentRequest:
         if len(args) != 1:
             raise Refused("task end needs exactly one task ID (got %d arguments)" % len(args))
         return none._replace(task=_task_id(args[0]))
-    if not args:
-        return none
-    name, eq, value = args[0].partition("=")
-    if name != "--ttl":
-        raise Refused("option %r is not allowed for task start (allowed: --ttl)" % args[0])
-    if not eq:
-        if len(args) < 2:
-            raise Refused("--ttl needs a value")
-        value = args[1]
-    if len(args) != (1 if eq else 2):
-        raise Refused("task start takes only --ttl SECONDS (got %r)" % args[1 if eq else 2])
-    return none._replace(ttl=_seconds("--ttl", value, lowest_exclusive=True))
+    got: Dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name not in ("--ttl", "--env-fd"):
+            raise Refused("option %r is not allowed for task start (allowed: --ttl, --env-fd)" % args[i])
+        if not eq:
+            if i + 1 >= len(args):
+                raise Refused("%s needs a value" % name)
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if name in got:
+            raise Refused("%s given twice" % name)
+        got[name] = _env_fd(value) if name == "--env-fd" else _seconds("--ttl", value, lowest_exclusive=True)
+    return none._replace(ttl=got.get("--ttl"), env_fd=got.get("--env-fd"))
+
+
+def _env_fd(value: str) -> int:
+    """--env-fd: 0 (stdin: the variables, then the payload's input) or 3 to STATUS_FD_MAX."""
+    if not _FD_RE.match(value) or not (int(value) == 0 or 3 <= int(value) <= STATUS_FD_MAX):
+        raise Refused("--env-fd %r must be 0 (stdin) or a file descriptor number from 3 to %d"
+                      % (value, STATUS_FD_MAX))
+    return int(value)
 
 
 def parse_agent_args(args: Iterable[str]) -> AgentRequest:
@@ -206,6 +220,8 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
                     raise Refused("--status-fd %r must be a file descriptor number from 3 to %d (0-2 are the "
                                   "payload's streams)" % (value, STATUS_FD_MAX))
                 value = int(value)
+            elif name == "--env-fd":
+                value = _env_fd(value)
             else:
                 value = _seconds(name, value, lowest_exclusive=(name == "--runtime-max"))
         if key in got:
@@ -213,9 +229,11 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
         got[key] = value
     if "task" in got and "slot" in got:
         raise Refused("--task and --slot do not go together (a task's turns run in its slot)")
+    if "env_fd" in got and got["env_fd"] == got.get("status_fd"):
+        raise Refused("--env-fd and --status-fd must be two file descriptors")
     return AgentRequest("run", got.get("slot"), got.get("timeout"), got.get("runtime_max"),
                         bool(got.get("shared_network")), bool(got.get("verbose")), command, got.get("status_fd"),
-                        task=got.get("task"))
+                        task=got.get("task"), env_fd=got.get("env_fd"))
 
 
 def render_agent_args(req: AgentRequest) -> List[str]:
@@ -230,8 +248,10 @@ def render_agent_args(req: AgentRequest) -> List[str]:
         out = ["task", cast(str, req.verb)]
         if req.verb == "end":
             out.append(cast(str, req.task))
-        elif req.ttl is not None:
+        if req.ttl is not None:
             out += ["--ttl", _fmt(req.ttl)]
+        if req.env_fd is not None:
+            out += ["--env-fd", str(req.env_fd)]
         return out
     out = ["run"]
     if req.slot is not None:
@@ -244,6 +264,8 @@ def render_agent_args(req: AgentRequest) -> List[str]:
         out += ["--runtime-max", _fmt(req.runtime_max)]
     if req.status_fd is not None:
         out += ["--status-fd", str(req.status_fd)]
+    if req.env_fd is not None:
+        out += ["--env-fd", str(req.env_fd)]
     if req.shared_network:
         out.append("--shared-network")
     if req.verbose:
@@ -315,8 +337,17 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
 
 def _status_fd_problem(req: AgentRequest) -> Optional[str]:
-    """What is wrong with the request's --status-fd (None: fine, or none)."""
-    return None if req.status_fd is None else status_fd_problem(req.status_fd)
+    """What is wrong with the request's --status-fd or --env-fd (None: fine, or none)."""
+    if req.status_fd is not None:
+        problem = status_fd_problem(req.status_fd)
+        if problem:
+            return problem
+    if req.env_fd is not None:
+        try:
+            os.fstat(req.env_fd)
+        except OSError:
+            return "--env-fd %d is not an open file descriptor" % req.env_fd
+    return None
 
 
 # ---------------------------------------------------------------- the wrapper side
@@ -352,12 +383,15 @@ def agent_path() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), AGENT_NAME)
 
 
-def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd: Optional[int] = None) -> List[str]:
+def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd: Optional[int] = None,
+              env_fd: Optional[int] = None) -> List[str]:
     """The command a non-root ``chv-cell`` execs: ``sudo -n AGENT ARGS``;
-    with ``status_fd``, ``sudo -n -C STATUS_FD+1 AGENT ARGS``: sudo then
-    closes only the fds above it (the sudoers option closefrom_override
-    allows -C for the agent)."""
-    keep = ["-C", str(status_fd + 1)] if status_fd is not None else []
+    with ``status_fd`` (or an ``env_fd`` of 3 or more), ``sudo -n -C N+1
+    AGENT ARGS`` for the higher of the two: sudo then closes only the fds
+    above it (the sudoers option closefrom_override allows -C for the
+    agent)."""
+    fds = [fd for fd in (status_fd, env_fd) if fd is not None and fd >= 3]
+    keep = ["-C", str(max(fds) + 1)] if fds else []
     return [sudo, "-n"] + keep + [agent] + list(agent_args)
 
 
@@ -401,7 +435,7 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
         logmod.log("user %s (uid %d) is not allowed to run cells: %s. Cells run through sudo for members of "
                    "the agent group (role variable %s)" % (user, os.getuid(), problem, GROUP_VARIABLE))
         return EXIT_REFUSED
-    execv(sudo, sudo_argv(agent, render_agent_args(req), sudo, req.status_fd))
+    execv(sudo, sudo_argv(agent, render_agent_args(req), sudo, req.status_fd, req.env_fd))
     return EXIT_REFUSED  # only reached with a test's execv
 
 

@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         "{verdict: ran|runtime|signal|setup|busy|config|unknown, exit, slot, payload_started, payload_exit}; "
         "the payload never gets fd N (docs/executor.md)",
     )
+    r.add_argument("--env-fd", type=int, metavar="N",
+                   help="read NAME=VALUE lines up to an empty line from fd N (0: stdin, whose rest is the payload's) "
+                   "and pass them to the payload's environment only; names the policy's env_allow lists "
+                   "(docs/executor.md)")
     r.add_argument("--ignore-cordon", action="store_true",
                    help="start even on a cordoned guest (root's; the health gate's own run after a drain)")
     r.add_argument("command", nargs=argparse.REMAINDER)
@@ -153,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     ts = tsub.add_parser("start", allow_abbrev=False, help="claim a free slot for a new task; print its JSON")
     ts.add_argument("--ttl", type=float, metavar="S", help="tear the task down S seconds after its last use "
                     "(default and upper bound: the policy's task_ttl)")
+    ts.add_argument("--env-fd", type=int, metavar="N", help="the task's variables, as run --env-fd: every turn's "
+                    "payload gets them")
     te = tsub.add_parser("end", allow_abbrev=False, help="tear the task down and free its slot")
     te.add_argument("id", metavar="ID")
     tsub.add_parser("list", allow_abbrev=False, help="the caller's live tasks (root: all)")
@@ -449,7 +455,8 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     if ns.action == "task":
         from . import tasks  # noqa: PLC0415
 
-        return tasks.command(pol, ns.verb, tasks.caller_uid(), getattr(ns, "id", None), getattr(ns, "ttl", None))
+        return tasks.command(pol, ns.verb, tasks.caller_uid(), getattr(ns, "id", None), getattr(ns, "ttl", None),
+                             env_fd=getattr(ns, "env_fd", None))
     if ns.action == "health":
         return health(ns)
     if ns.action == "warm":
@@ -475,4 +482,4 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         return exits.EXIT_CONFIG
     return start_run(pol, cmd, ns.slot, ns.timeout, ns.shared_network, ns.runtime_max, ns.status_fd,
                      verbose=ns.verbose or ns.run_verbose, ignore_cordon=ns.ignore_cordon, task=ns.task,
-                     caller_uid=0)
+                     caller_uid=0, env_fd=ns.env_fd)

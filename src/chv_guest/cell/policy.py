@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Dict, Iterable, Li
 from . import disk as diskmod
 from . import families as familiesmod
 from . import limits as limitsmod
+from . import taskenv as taskenvmod
 
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10: annotations only
@@ -133,6 +134,11 @@ DEFAULTS = {
     "writable_binds": [{"source": "/run/chv", "target": "/run/chv", "optional": False}],
     "tmpfs": ["/tmp"],
     "setenv": {},
+    # Names of variables an executor may pass to a run or a task with
+    # --env-fd (chv_cell/taskenv.py, docs/executor.md "Passing variables to
+    # the agent"): a model credential, the task's settings.  Any other name
+    # is refused (78).
+    "env_allow": [],
     "properties": {},
     "rlimits": {},
     "nspawn_environment": {},
@@ -561,6 +567,7 @@ def validate(obj: object) -> List[str]:
                     "properties: %s (require_limits refuses every property the launcher cannot check; "
                     "set require_limits to false to pass it unchecked)" % exc
                 )
+    errors.extend(taskenvmod.validate_allow(p["env_allow"], p["setenv"]))
     if isinstance(p["setenv"], dict) and str(p["setenv"].get("CHV_CELL", "1")) != "1":
         errors.append("setenv: CHV_CELL is always 1 in a cell")
     if isinstance(p["nspawn_environment"], dict):

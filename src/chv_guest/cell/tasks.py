@@ -26,6 +26,7 @@ from . import exits
 from . import host
 from . import policy as policymod
 from . import runner
+from . import taskenv
 from . import taskrec
 from .errors import SetupError
 from .fsutil import ensure_slot_dir
@@ -85,6 +86,7 @@ def teardown(policy: policymod.Policy, rec: Dict[str, Any]) -> None:
     rec = dict(rec, ending=True)
     taskrec.write(policy, rec)
     empty_slot(policy, _slot(policy, rec["slot"]))
+    taskenv.remove_task_env(taskrec.tasks_dir(policy), rec["task"])
     taskrec.remove(policy, rec["task"])
 
 
@@ -131,10 +133,11 @@ def effective_ttl(policy: policymod.Policy, ttl: Optional[float]) -> float:
 
 
 def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, timeout: Optional[float] = None,
-          logf: Log = log) -> Dict[str, Any]:
+          logf: Log = log, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Claim a free slot for a new task of ``owner``, empty it, record the
-    task; what ``task start`` prints.  Warm slots are not given to tasks
-    (their lock is their warm cell's)."""
+    task (and keep its variables ``env``, taskenv.py, beside the record);
+    what ``task start`` prints.  Warm slots are not given to tasks (their
+    lock is their warm cell's)."""
     life = effective_ttl(policy, ttl)
     cordoned = cordonmod.read(policy["state_dir"])
     if cordoned is not None:  # no new work on a cordoned guest; turns of started tasks go on
@@ -164,10 +167,25 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
             except (SetupError, OSError) as exc:
                 raise TaskError(exits.EXIT_SETUP, "cannot prepare slot %s for a task: %s" % (slot["name"], exc))
             rec = taskrec.new_record(taskrec.new_id(), slot["name"], owner, life, time.time())
-            taskrec.write(policy, rec)
+            try:
+                taskenv.save_task_env(taskrec.tasks_dir(policy), rec["task"], env or {})
+                taskrec.write(policy, rec)
+            except OSError:
+                taskenv.remove_task_env(taskrec.tasks_dir(policy), rec["task"])
+                raise
             return taskrec.public(rec, policy)
         finally:
             held.release()
+
+
+def _task_env(policy: policymod.Policy, env_fd: Optional[int]) -> Dict[str, str]:
+    """``task start --env-fd N``'s variables; TaskError 78 when refused."""
+    if env_fd is None:
+        return {}
+    try:
+        return taskenv.parse_env(taskenv.read_env(env_fd), policy["env_allow"])
+    except taskenv.EnvRefused as exc:
+        raise TaskError(exits.EXIT_CONFIG, "task start: %s" % exc)
 
 
 def _no_task(policy: policymod.Policy, task_id: str, uid: int) -> TaskError:
@@ -231,14 +249,16 @@ def listing(policy: policymod.Policy, uid: int) -> List[Dict[str, Any]]:
 
 
 def command(policy: policymod.Policy, verb: str, uid: int, task_id: Optional[str] = None,
-            ttl: Optional[float] = None, out: Optional[Callable[[str], object]] = None) -> int:
+            ttl: Optional[float] = None, out: Optional[Callable[[str], object]] = None,
+            env_fd: Optional[int] = None) -> int:
     """One ``chv-cell task VERB``: its JSON on stdout; its exit code (the
-    reason on stderr, naming the task)."""
+    reason on stderr, naming the task).  ``env_fd`` (start): the task's
+    variables (taskenv.py), read before a slot is claimed."""
     write = out or sys.stdout.write
     result: Any
     try:
         if verb == "start":
-            result = start(policy, uid, ttl)
+            result = start(policy, uid, ttl, env=_task_env(policy, env_fd))
         elif verb == "end":
             result = end(policy, str(task_id), uid)
         elif verb == "list":

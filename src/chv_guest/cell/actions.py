@@ -209,7 +209,8 @@ def task_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int) -> i
     if pol["platform"] != "linux":
         logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
         return exits.EXIT_CONFIG
-    return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl, env_fd=req.env_fd)
+    repo = None if req.repo is None else (req.repo, req.ref)
+    return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl, env_fd=req.env_fd, repo=repo)
 
 
 def read_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int = 0) -> int:

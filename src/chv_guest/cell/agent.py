@@ -27,7 +27,7 @@ GROUP_VARIABLE = "chv_cell_agent_group"
 
 USAGE = ("usage: chv-cell run [--slot NAME | --task ID] [--timeout SECONDS] [--runtime-max SECONDS] [--status-fd N] "
          "[--env-fd N] [-v] -- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH | chv-cell task start "
-         "[--ttl SECONDS] [--env-fd N] | chv-cell task end ID | chv-cell task list")
+         "[--ttl SECONDS] [--env-fd N] [--repo URL [--ref REF]] | chv-cell task end ID | chv-cell task list")
 
 _SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")  # as policy._SLOT_RE
 _SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
@@ -36,12 +36,15 @@ _FD_RE = re.compile(r"^[0-9]{1,4}$")
 STATUS_FD_MAX = 1023  # --status-fd: 3 .. 1023
 READ_PATH_MAX = 4096  # read PATH: at most PATH_MAX characters
 _TASK_RE = re.compile(r"^[0-9a-f]{32}\Z")  # as taskrec.TASK_ID_RE
+_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}\Z")  # as broker/syncrun.py's _REF_RE
+REPO_URL_MAX = 2048
 TASK_VERBS = ("start", "end", "list")  # `task reap` is root's (the timer's), never the agent's
 
 
 # status_fd: run's --status-fd (None without); path: read's PATH; task: run's
 # --task or task end's ID; ttl: task start's --ttl; verb: task's verb;
-# env_fd: run's or task start's --env-fd (the variables' fd, taskenv.py).
+# env_fd: run's or task start's --env-fd (the variables' fd, taskenv.py);
+# repo, ref: task start's --repo and --ref (clone.py).
 class AgentRequest(NamedTuple):
     action: str
     slot: Optional[str]
@@ -56,6 +59,8 @@ class AgentRequest(NamedTuple):
     ttl: Optional[float] = None
     verb: Optional[str] = None
     env_fd: Optional[int] = None
+    repo: Optional[str] = None
+    ref: Optional[str] = None
 
 
 class Refused(Exception):
@@ -139,8 +144,9 @@ def _parse_task(rest: Sequence[str]) -> AgentRequest:
     i = 0
     while i < len(args):
         name, eq, value = args[i].partition("=")
-        if name not in ("--ttl", "--env-fd"):
-            raise Refused("option %r is not allowed for task start (allowed: --ttl, --env-fd)" % args[i])
+        if name not in _START_OPTIONS:
+            raise Refused("option %r is not allowed for task start (allowed: %s)"
+                          % (args[i], ", ".join(_START_OPTIONS)))
         if not eq:
             if i + 1 >= len(args):
                 raise Refused("%s needs a value" % name)
@@ -149,8 +155,29 @@ def _parse_task(rest: Sequence[str]) -> AgentRequest:
         i += 1
         if name in got:
             raise Refused("%s given twice" % name)
-        got[name] = _env_fd(value) if name == "--env-fd" else _seconds("--ttl", value, lowest_exclusive=True)
-    return none._replace(ttl=got.get("--ttl"), env_fd=got.get("--env-fd"))
+        got[name] = _START_OPTIONS[name](value)
+    if "--ref" in got and "--repo" not in got:
+        raise Refused("--ref goes with --repo (the repository the task starts with)")
+    return none._replace(ttl=got.get("--ttl"), env_fd=got.get("--env-fd"), repo=got.get("--repo"),
+                         ref=got.get("--ref"))
+
+
+def _repo_url(value: str) -> str:
+    """--repo: a URL (1 to 2048 printable characters, no blank, not an option); clone.py checks the rest."""
+    if not 0 < len(value) <= REPO_URL_MAX or value.startswith("-") or any(not 32 < ord(c) < 127 for c in value):
+        raise Refused("--repo must be a URL of 1 to %d printable characters without blanks" % REPO_URL_MAX)
+    return value
+
+
+def _ref(value: str) -> str:
+    """--ref: a plain branch, tag or commit name (as broker/syncrun.py's check_clone)."""
+    if not _REF_RE.match(value) or ".." in value or value.endswith((".", "/", ".lock")):
+        raise Refused("--ref %r is not a plain branch, tag or commit name" % value)
+    return value
+
+
+def _ttl(value: str) -> float:
+    return _seconds("--ttl", value, lowest_exclusive=True)
 
 
 def _env_fd(value: str) -> int:
@@ -159,6 +186,10 @@ def _env_fd(value: str) -> int:
         raise Refused("--env-fd %r must be 0 (stdin) or a file descriptor number from 3 to %d"
                       % (value, STATUS_FD_MAX))
     return int(value)
+
+
+_START_OPTIONS: Dict[str, Callable[[str], Any]] = {"--ttl": _ttl, "--env-fd": _env_fd, "--repo": _repo_url,
+                                                   "--ref": _ref}
 
 
 def parse_agent_args(args: Iterable[str]) -> AgentRequest:
@@ -252,6 +283,10 @@ def render_agent_args(req: AgentRequest) -> List[str]:
             out += ["--ttl", _fmt(req.ttl)]
         if req.env_fd is not None:
             out += ["--env-fd", str(req.env_fd)]
+        if req.repo is not None:
+            out += ["--repo", req.repo]
+        if req.ref is not None:
+            out += ["--ref", req.ref]
         return out
     out = ["run"]
     if req.slot is not None:

@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default and upper bound: the policy's task_ttl)")
     ts.add_argument("--env-fd", type=int, metavar="N", help="the task's variables, as run --env-fd: every turn's "
                     "payload gets them")
+    ts.add_argument("--repo", metavar="URL", help="clone this repository into the task's workspace, outside the "
+                    "cell, with chv-broker's sync door and the guest's credential")
+    ts.add_argument("--ref", metavar="REF", help="with --repo: check out this branch, tag or commit")
     te = tsub.add_parser("end", allow_abbrev=False, help="tear the task down and free its slot")
     te.add_argument("id", metavar="ID")
     tsub.add_parser("list", allow_abbrev=False, help="the caller's live tasks (root: all)")
@@ -455,8 +458,12 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     if ns.action == "task":
         from . import tasks  # noqa: PLC0415
 
+        repo = getattr(ns, "repo", None)
+        if getattr(ns, "ref", None) is not None and repo is None:
+            logmod.log("task start: --ref goes with --repo")
+            return exits.EXIT_CONFIG
         return tasks.command(pol, ns.verb, tasks.caller_uid(), getattr(ns, "id", None), getattr(ns, "ttl", None),
-                             env_fd=getattr(ns, "env_fd", None))
+                             env_fd=getattr(ns, "env_fd", None), repo=None if repo is None else (repo, ns.ref))
     if ns.action == "health":
         return health(ns)
     if ns.action == "warm":

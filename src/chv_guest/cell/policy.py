@@ -170,6 +170,10 @@ DEFAULTS = {
     # (chv_cell/doors.py). The role renders the browser role's
     # chv_browser_socket_path; "" tells no browser.
     "browser_socket": "/run/chv-browser/browser.sock",
+    # chv-broker's configuration (the broker role's chv_broker_config_path):
+    # `chv-cell task start --repo` clones with its sync door's worker,
+    # protocols, hosts and credential (chv_cell/clone.py); "": no clones.
+    "broker_config": "/etc/chv-fleet/broker.json",
     # Slots whose cells are kept started, waiting for a payload
     # (chv-cell warm; docs/cells.md "Warm cells"): names of slots.
     "warm_slots": [],
@@ -620,6 +624,9 @@ def validate(obj: object) -> List[str]:
     bsock = p["browser_socket"]
     if not isinstance(bsock, str) or (bsock and (not _is_abs_clean(bsock) or bsock == "/")):
         errors.append("browser_socket: %r must be an absolute normalised path, or empty (no chv-browser)" % (bsock,))
+    bcfg = p["broker_config"]
+    if not isinstance(bcfg, str) or (bcfg and (not _is_abs_clean(bcfg) or bcfg == "/")):
+        errors.append("broker_config: %r must be an absolute normalised path, or empty (no clones)" % (bcfg,))
     v = p["read_max_bytes"]
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= READ_MAX_BYTES_LIMIT:
         errors.append("read_max_bytes: must be a whole number of bytes between 1 and %d (role variable "

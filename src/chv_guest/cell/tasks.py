@@ -133,11 +133,13 @@ def effective_ttl(policy: policymod.Policy, ttl: Optional[float]) -> float:
 
 
 def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, timeout: Optional[float] = None,
-          logf: Log = log, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Claim a free slot for a new task of ``owner``, empty it, record the
-    task (and keep its variables ``env``, taskenv.py, beside the record);
-    what ``task start`` prints.  Warm slots are not given to tasks (their
-    lock is their warm cell's)."""
+          logf: Log = log, env: Optional[Dict[str, str]] = None,
+          repo: Optional[Tuple[str, Optional[str]]] = None) -> Dict[str, Any]:
+    """Claim a free slot for a new task of ``owner``, empty it, clone
+    ``repo`` (URL, ref) into its workspace (clone.py), record the task (and
+    keep its variables ``env``, taskenv.py, beside the record); what ``task
+    start`` prints.  A clone that fails leaves the slot emptied and free.
+    Warm slots are not given to tasks (their lock is their warm cell's)."""
     life = effective_ttl(policy, ttl)
     cordoned = cordonmod.read(policy["state_dir"])
     if cordoned is not None:  # no new work on a cordoned guest; turns of started tasks go on
@@ -167,6 +169,8 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
             except (SetupError, OSError) as exc:
                 raise TaskError(exits.EXIT_SETUP, "cannot prepare slot %s for a task: %s" % (slot["name"], exc))
             rec = taskrec.new_record(taskrec.new_id(), slot["name"], owner, life, time.time())
+            if repo is not None:
+                rec["repo"] = _clone(policy, slot, repo)
             try:
                 taskenv.save_task_env(taskrec.tasks_dir(policy), rec["task"], env or {})
                 taskrec.write(policy, rec)
@@ -176,6 +180,21 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
             return taskrec.public(rec, policy)
         finally:
             held.release()
+
+
+def _clone(policy: policymod.Policy, slot: policymod.Slot, repo: Tuple[str, Optional[str]]) -> Dict[str, Any]:
+    """The task's repository cloned into the slot's emptied workspace
+    (clone.py); on failure the slot is emptied again and TaskError says why."""
+    from . import clone  # noqa: PLC0415 (tasks with a repository only)
+
+    try:
+        return clone.clone_into(policy, slot, repo[0], repo[1])
+    except clone.CloneError as exc:
+        try:
+            empty_slot(policy, slot)
+        except (SetupError, OSError) as again:
+            log("slot %s: cannot empty the slot after a failed clone: %s" % (slot["name"], again))
+        raise TaskError(exc.code, "task start: %s" % exc)
 
 
 def _task_env(policy: policymod.Policy, env_fd: Optional[int]) -> Dict[str, str]:
@@ -250,15 +269,16 @@ def listing(policy: policymod.Policy, uid: int) -> List[Dict[str, Any]]:
 
 def command(policy: policymod.Policy, verb: str, uid: int, task_id: Optional[str] = None,
             ttl: Optional[float] = None, out: Optional[Callable[[str], object]] = None,
-            env_fd: Optional[int] = None) -> int:
+            env_fd: Optional[int] = None, repo: Optional[Tuple[str, Optional[str]]] = None) -> int:
     """One ``chv-cell task VERB``: its JSON on stdout; its exit code (the
     reason on stderr, naming the task).  ``env_fd`` (start): the task's
-    variables (taskenv.py), read before a slot is claimed."""
+    variables (taskenv.py), read before a slot is claimed; ``repo`` (start):
+    the repository (URL, ref) cloned into its workspace."""
     write = out or sys.stdout.write
     result: Any
     try:
         if verb == "start":
-            result = start(policy, uid, ttl, env=_task_env(policy, env_fd))
+            result = start(policy, uid, ttl, env=_task_env(policy, env_fd), repo=repo)
         elif verb == "end":
             result = end(policy, str(task_id), uid)
         elif verb == "list":

@@ -209,6 +209,8 @@ def task_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int) -> i
     if pol["platform"] != "linux":
         logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
         return exits.EXIT_CONFIG
+    if req.verb == "export":
+        return tasks.export(pol, cast(str, req.task), caller_uid, list(req.paths), req.max_bytes)
     repo = None if req.repo is None else (req.repo, req.ref)
     return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl, env_fd=req.env_fd, repo=repo)
 

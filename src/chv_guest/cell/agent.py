@@ -27,7 +27,8 @@ GROUP_VARIABLE = "chv_cell_agent_group"
 
 USAGE = ("usage: chv-cell run [--slot NAME | --task ID] [--timeout SECONDS] [--runtime-max SECONDS] [--status-fd N] "
          "[--env-fd N] [-v] -- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH | chv-cell task start "
-         "[--ttl SECONDS] [--env-fd N] [--repo URL [--ref REF]] | chv-cell task end ID | chv-cell task list")
+         "[--ttl SECONDS] [--env-fd N] [--repo URL [--ref REF]] | chv-cell task end ID | chv-cell task list "
+         "| chv-cell task export ID [--max-bytes N] [--] PATH...")
 
 _SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")  # as policy._SLOT_RE
 _SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
@@ -38,13 +39,16 @@ READ_PATH_MAX = 4096  # read PATH: at most PATH_MAX characters
 _TASK_RE = re.compile(r"^[0-9a-f]{32}\Z")  # as taskrec.TASK_ID_RE
 _REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}\Z")  # as broker/syncrun.py's _REF_RE
 REPO_URL_MAX = 2048
-TASK_VERBS = ("start", "end", "list")  # `task reap` is root's (the timer's), never the agent's
+TASK_VERBS = ("start", "end", "list", "export")  # `task reap` is root's (the timer's), never the agent's
+EXPORT_PATHS_MAX = 64  # task export: PATHs at most
+_BYTES_RE = re.compile(r"^[1-9][0-9]{0,15}\Z")
 
 
 # status_fd: run's --status-fd (None without); path: read's PATH; task: run's
 # --task or task end's ID; ttl: task start's --ttl; verb: task's verb;
 # env_fd: run's or task start's --env-fd (the variables' fd, taskenv.py);
-# repo, ref: task start's --repo and --ref (clone.py).
+# repo, ref: task start's --repo and --ref (clone.py); paths, max_bytes:
+# task export's PATHs and --max-bytes (export.py).
 class AgentRequest(NamedTuple):
     action: str
     slot: Optional[str]
@@ -61,6 +65,8 @@ class AgentRequest(NamedTuple):
     env_fd: Optional[int] = None
     repo: Optional[str] = None
     ref: Optional[str] = None
+    paths: Tuple[str, ...] = ()
+    max_bytes: Optional[int] = None
 
 
 class Refused(Exception):
@@ -140,6 +146,8 @@ def _parse_task(rest: Sequence[str]) -> AgentRequest:
         if len(args) != 1:
             raise Refused("task end needs exactly one task ID (got %d arguments)" % len(args))
         return none._replace(task=_task_id(args[0]))
+    if verb == "export":
+        return _parse_export(none, args)
     got: Dict[str, Any] = {}
     i = 0
     while i < len(args):
@@ -160,6 +168,35 @@ def _parse_task(rest: Sequence[str]) -> AgentRequest:
         raise Refused("--ref goes with --repo (the repository the task starts with)")
     return none._replace(ttl=got.get("--ttl"), env_fd=got.get("--env-fd"), repo=got.get("--repo"),
                          ref=got.get("--ref"))
+
+
+def _parse_export(none: AgentRequest, args: List[str]) -> AgentRequest:
+    """``task export ID [--max-bytes N] [--] PATH...``: 1 to EXPORT_PATHS_MAX
+    PATHs (as read's PATH; one that starts with '-' only after ``--``)."""
+    if not args:
+        raise Refused("task export needs a task ID and at least one PATH")
+    task, rest, max_bytes = _task_id(args[0]), args[1:], None
+    while rest and rest[0] != "--" and rest[0].startswith("-"):
+        name, eq, value = rest[0].partition("=")
+        if name != "--max-bytes":
+            raise Refused("option %r is not allowed for task export (allowed: --max-bytes)" % rest[0])
+        if max_bytes is not None:
+            raise Refused("--max-bytes given twice")
+        if not eq:
+            if len(rest) < 2:
+                raise Refused("--max-bytes needs a value")
+            value, rest = rest[1], rest[1:]
+        if not _BYTES_RE.match(value):
+            raise Refused("--max-bytes %r must be a whole number of bytes above 0" % value)
+        max_bytes, rest = int(value), rest[1:]
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not 0 < len(rest) <= EXPORT_PATHS_MAX:
+        raise Refused("task export needs 1 to %d PATHs (got %d)" % (EXPORT_PATHS_MAX, len(rest)))
+    for path in rest:
+        if not path or len(path) > READ_PATH_MAX or "\0" in path:
+            raise Refused("task export: each PATH must be 1 to %d characters" % READ_PATH_MAX)
+    return none._replace(task=task, paths=tuple(rest), max_bytes=max_bytes)
 
 
 def _repo_url(value: str) -> str:
@@ -277,8 +314,12 @@ def render_agent_args(req: AgentRequest) -> List[str]:
         return ["read", "--slot", cast(str, req.slot), "--", cast(str, req.path)]  # _parse_read sets both
     if req.action == "task":
         out = ["task", cast(str, req.verb)]
-        if req.verb == "end":
+        if req.verb in ("end", "export"):
             out.append(cast(str, req.task))
+        if req.max_bytes is not None:
+            out += ["--max-bytes", str(req.max_bytes)]
+        if req.paths:
+            out += ["--"] + list(req.paths)
         if req.ttl is not None:
             out += ["--ttl", _fmt(req.ttl)]
         if req.env_fd is not None:

@@ -165,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     te = tsub.add_parser("end", allow_abbrev=False, help="tear the task down and free its slot")
     te.add_argument("id", metavar="ID")
     tsub.add_parser("list", allow_abbrev=False, help="the caller's live tasks (root: all)")
+    tx = tsub.add_parser("export", allow_abbrev=False,
+                         help="a tar of the task's regular files at PATHs (cell paths; directories walked) on stdout, "
+                         "never following a link (docs/executor.md 'Results out')")
+    tx.add_argument("id", metavar="ID")
+    tx.add_argument("--max-bytes", type=int, metavar="N", help="at most N bytes of files (default and upper bound: "
+                    "the policy's read_max_bytes); more: nothing written, exit 73")
+    tx.add_argument("paths", nargs="+", metavar="PATH")
     tsub.add_parser("reap", allow_abbrev=False, help="tear down the expired tasks (root; the timer's)")
 
     w = sub.add_parser("warm", allow_abbrev=False,
@@ -458,6 +465,8 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     if ns.action == "task":
         from . import tasks  # noqa: PLC0415
 
+        if ns.verb == "export":
+            return tasks.export(pol, ns.id, tasks.caller_uid(), ns.paths, ns.max_bytes)
         repo = getattr(ns, "repo", None)
         if getattr(ns, "ref", None) is not None and repo is None:
             logmod.log("task start: --ref goes with --repo")

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from . import argv as argvmod
 from . import claim as claimmod
@@ -233,6 +233,18 @@ def owned(policy: policymod.Policy, task_id: str, uid: int, now: Optional[float]
     return rec
 
 
+def _wait_for_turn(policy: policymod.Policy, slot: policymod.Slot, task_id: str, timeout: Optional[float],
+                   outcome: str) -> claimmod.Claim:
+    """The task's slot's lock, once its running turn (if any) has ended, up
+    to ``timeout`` (claim_timeout); TaskError 75 after, saying ``outcome``."""
+    wait = float(policy["claim_timeout"] if timeout is None else timeout)
+    try:
+        return claimmod.claim_any([(slot, _lock(policy, slot))], wait)[1]
+    except claimmod.SlotBusy:
+        raise TaskError(exits.EXIT_BUSY, "task %s: a turn still runs in slot %s after %gs; %s"
+                        % (task_id, slot["name"], wait, outcome))
+
+
 def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[float] = None) -> Dict[str, Any]:
     """``task end``: wait for the task's running turn (up to claim_timeout),
     tear it all down; what it prints."""
@@ -240,12 +252,7 @@ def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[floa
     if rec is None or not taskrec.may_use(rec, uid):
         raise _no_task(policy, task_id, uid)
     slot = _slot(policy, rec["slot"])
-    wait = float(policy["claim_timeout"] if timeout is None else timeout)
-    try:
-        dummy, held = claimmod.claim_any([(slot, _lock(policy, slot))], wait)
-    except claimmod.SlotBusy:
-        raise TaskError(exits.EXIT_BUSY, "task %s: a turn still runs in slot %s after %gs; not ended"
-                        % (task_id, slot["name"], wait))
+    held = _wait_for_turn(policy, slot, task_id, timeout, "not ended")
     try:
         cur = taskrec.read(policy, task_id)
         if cur is None:
@@ -259,6 +266,34 @@ def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[floa
     finally:
         held.release()
     return {"task": task_id, "slot": slot["name"], "ended": True}
+
+
+def export(policy: policymod.Policy, task_id: str, uid: int, paths: List[str], max_bytes: Optional[int],
+           out: Optional[IO[bytes]] = None, timeout: Optional[float] = None) -> int:
+    """``task export ID PATH...``: a tar of the task's files on ``out``
+    (stdout), export.py; held under the slot's lock (a running turn is
+    waited for up to claim_timeout, 75 after); its exit code."""
+    from . import export as exportmod  # noqa: PLC0415 (exports only)
+
+    out = out or sys.stdout.buffer
+    try:
+        limit = exportmod.effective_max(policy, max_bytes)
+        rec = owned(policy, task_id, uid)
+        slot = _slot(policy, rec["slot"])
+        held = _wait_for_turn(policy, slot, task_id, timeout, "nothing exported")
+    except ValueError as exc:
+        log("task export: %s" % exc)
+        return exits.EXIT_CONFIG
+    except TaskError as exc:
+        log(str(exc))
+        return exc.code
+    try:
+        if taskrec.read(policy, task_id) is None:
+            log("task %s: ended meanwhile; nothing exported" % task_id)
+            return exits.EXIT_NO_TASK
+        return exportmod.export(policy, slot, paths, limit, out, log)
+    finally:
+        held.release()
 
 
 def listing(policy: policymod.Policy, uid: int) -> List[Dict[str, Any]]:

@@ -92,8 +92,8 @@ def test_allowed_shapes(args, expected):
         (["run", "slot0", "--", "true"], "unexpected argument 'slot0'"),
         (["run", "--verbose=1", "--", "true"], "'--verbose=1' is not allowed"),
         # tasks: exactly start [--ttl S], end ID, list; never reap (root's), never --policy
-        (["task"], "task needs one of start, end, list"),
-        (["task", "reap"], "task needs one of start, end, list, not 'reap'"),
+        (["task"], "task needs one of start, end, list, export"),
+        (["task", "reap"], "task needs one of start, end, list, export, not 'reap'"),
         (["task", "--policy", "/x", "start"], "not '--policy'"),
         (["task", "start", "--policy", "/x"], "'--policy' is not allowed for task start"),
         (["task", "start", "--ttl"], "--ttl needs a value"),
@@ -139,6 +139,24 @@ def oracle(args):
             return True
         if len(rest) == 2 and rest[0] == "end":
             return bool(re.fullmatch(r"[0-9a-f]{32}", rest[1]))
+        if rest[:1] == ["export"]:
+            if len(rest) < 2 or not re.fullmatch(r"[0-9a-f]{32}", rest[1]):
+                return False
+            tail = rest[2:]
+            if tail[:1] and tail[0].startswith("--max-bytes"):
+                if tail[0] == "--max-bytes" and len(tail) > 1:
+                    value, tail = tail[1], tail[2:]
+                elif tail[0].startswith("--max-bytes="):
+                    value, tail = tail[0][len("--max-bytes="):], tail[1:]
+                else:
+                    return False
+                if not re.fullmatch(r"[1-9][0-9]{0,15}", value):
+                    return False
+            if tail[:1] == ["--"]:
+                tail = tail[1:]
+            elif tail[:1] and tail[0].startswith("-"):
+                return False
+            return 0 < len(tail) <= 64 and all(0 < len(p) <= 4096 and "\0" not in p for p in tail)
         if rest[:1] != ["start"]:
             return False
         start_ok = {"--ttl": lambda v: re.fullmatch(num, v) and 0 < float(v) <= policymod.TASK_TTL_LIMIT,
@@ -212,7 +230,8 @@ TOKENS = ["run", "status", "argv", "validate-policy", "--", "-v", "--verbose", "
           "--runtime-max", "0.5", "-h", "--help", "--pol", "", "true", "sh", "-c", "--json", "x=y", "--slot=", "nan",
           "read", "--status-fd", "--status-fd=3", "2", "3", "/workspace/r.txt", "-x",
           "task", "start", "end", "list", "reap", "--ttl", "--ttl=60", "604801", "--task", TASK_ID, "--task=" + TASK_ID,
-          TASK_ID.upper(), TASK_ID[:-1], "--env-fd", "--env-fd=0", "--env-fd=3"]
+          TASK_ID.upper(), TASK_ID[:-1], "--env-fd", "--env-fd=0", "--env-fd=3",
+          "export", "--max-bytes", "--max-bytes=5"]
 
 
 def _accepted(args):

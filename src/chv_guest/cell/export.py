@@ -61,6 +61,17 @@ def _slot_owned(st: os.stat_result, slot: Slot) -> bool:
     return bool(slot["uid_base"] <= st.st_uid < slot["uid_base"] + slot["uid_size"])
 
 
+def _locate(policy: Policy, slot: Slot, path: str) -> Tuple[str, str, List[str]]:
+    """slotfiles.locate, and the slot's workspace or home itself (no components) for its top."""
+    tops = {policy["workspace_mount"]: "workspace", policy["agent_state_mount"]: "home"}
+    tops.update({a: "workspace" for a in policy.get("workspace_aliases") or []})
+    kind = tops.get(path.rstrip("/") or "/") if path.startswith("/") else ("workspace" if path in (".", "./") else None)
+    if kind is not None:
+        return kind, os.path.join(policy["workspace_root" if kind == "workspace" else "agent_state_root"],
+                                  slot["name"]), []
+    return slotfiles.locate(policy, slot, path)
+
+
 def collect(policy: Policy, slot: Slot, paths: Sequence[str], log: Callable[[str], object]) -> List[Entry]:
     """The regular files the export holds, in order, each once; raises
     slotfiles.Refused for a PATH that cannot be exported at all."""
@@ -68,7 +79,7 @@ def collect(policy: Policy, slot: Slot, paths: Sequence[str], log: Callable[[str
     seen: Set[Tuple[int, int, str]] = set()
     count = 0
     for path in paths:
-        kind, top, parts = slotfiles.locate(policy, slot, path)
+        kind, top, parts = _locate(policy, slot, path)
         what = "%s (slot %s, %s)" % (path, slot["name"], kind)
         try:
             base = slotfiles.open_dir(top)
@@ -77,7 +88,7 @@ def collect(policy: Policy, slot: Slot, paths: Sequence[str], log: Callable[[str
                                     "%s: the slot's %s cannot be opened: %s" % (what, kind, exc.strerror))
         try:
             try:
-                leaf = slotfiles.open_beneath(base, parts)[0]
+                leaf = slotfiles.open_beneath(base, parts)[0] if parts else os.dup(base)
             except OSError as exc:
                 raise slotfiles.errno_refusal(exc, what)
             try:

@@ -164,3 +164,11 @@ def test_the_agent_takes_task_export():
                        (["task", "export", tid] + ["p"] * 65, "1 to 64 PATHs")):
         with pytest.raises(agent.Refused, match=says):
             agent.parse_agent_args(args)
+
+
+def test_a_whole_workspace_or_home(planted):
+    put(os.path.join(planted["agent_state_root"], SLOT, "state.json"), b"{}\n", slot_of(planted)["uid_base"])
+    rc, members, logs, _raw = run_export(planted, ["/workspace"])
+    assert rc == 0 and sorted(members) == ["workspace/out/report.json", "workspace/out/sub/b.txt"], logs
+    rc, members, logs, _raw = run_export(planted, ["/home/chv/", "."])
+    assert rc == 0 and sorted(members) == ["home/state.json", "workspace/out/report.json", "workspace/out/sub/b.txt"]

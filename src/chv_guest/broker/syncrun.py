@@ -860,8 +860,10 @@ def check_clone(spec: SyncSpec, clone: CloneSpec, targets: Set[Target]) -> Tuple
 
 
 def _git_run(prefix: List[str], env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
+    """git with ``args``; the credentials' memfd (CHV_BROKER_CRED_FD) is its, and its helper's, to read."""
+    fd = env.get("CHV_BROKER_CRED_FD")
     return subprocess.run(prefix + list(args), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, check=False)
+                          stderr=subprocess.PIPE, check=False, pass_fds=(int(fd),) if fd else ())
 
 
 def run_clone(spec: SyncSpec, url: str, ref: Optional[str], env: Mapping[str, str]) -> Dict[str, Optional[str]]:
@@ -890,7 +892,11 @@ def run_clone(spec: SyncSpec, url: str, ref: Optional[str], env: Mapping[str, st
     elif _git_run(prefix, genv, "rev-parse", "--verify", "--quiet", "refs/remotes/origin/" + ref).returncode == 0:
         must("checkout", "--quiet", "-B", ref, "--track", "origin/" + ref)
     else:
-        commit = must("rev-parse", "--verify", "--quiet", "--end-of-options", ref + "^{commit}").decode().strip()
+        found = _git_run(prefix, genv, "rev-parse", "--verify", "--quiet", "--end-of-options", ref + "^{commit}")
+        if found.returncode != 0:
+            raise Rejected("git checkout failed: %s is neither a branch of the remote nor a tag or commit of the "
+                           "repository" % ref)
+        commit = found.stdout.decode().strip()
         must("-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit)
     check_git_dir(ws)
     bad = disallowed_git_keys(n.lower() for n, _v in parse_config_list(

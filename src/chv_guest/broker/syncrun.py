@@ -851,7 +851,10 @@ def check_clone(spec: SyncSpec, clone: CloneSpec, targets: Set[Target]) -> Tuple
     if proto not in spec.get("protocols", ["https"]):
         raise Rejected("clone URL %s: protocol %s is not allowed (chv_broker_sync_protocols)" % (redact(url), proto))
     if spec.get("hosts"):
-        check_remote(None, str(url), spec.get("hosts") or ())
+        try:
+            check_remote(None, str(url), spec.get("hosts") or ())
+        except Rejected as exc:
+            raise Rejected("clone URL %s" % exc) from None
     if ref is not None and (not isinstance(ref, str) or not _REF_RE.fullmatch(ref) or ".." in ref
                             or ref.endswith((".", "/", ".lock"))):
         raise Rejected("clone ref %r is not a plain branch, tag or commit name" % (ref,))

@@ -163,6 +163,10 @@ def test_a_task_from_a_clone_at_a_commit_to_a_pushed_branch_and_nothing_left(lab
         # the guest's credential: in no file the cell sees (its slot's, /run/chv, /app, the guest's /etc)
         assert files_holding(slot_dirs(lab, t["slot"]) + [lab["run_dir"], lab["app_dir"], "/etc"],
                              server.password) == []
+        # nor in chv-broker's log (its audit lines of the push, the control that the log is the right one)
+        with open(lab["broker"].stderr_path) as fh:
+            broker_log = fh.read()
+        assert '"push"' in broker_log and server.password not in broker_log and token not in broker_log
         # the results out: a bounded export of the result and the state
         got = export(lab, t["task"], "/workspace/RESULT.md", "/home/chv/.codex/host-state.json")
         assert got["workspace/RESULT.md"] == "result after turn 2 in %s\n" % t["slot"]

@@ -8,6 +8,7 @@ host's end of the veth ``ttg<pid % 10**6>``.  Addresses: a /30 of
 password; without them lighttpd answers 401."""
 
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.request
 
 LIGHTTPD = "/usr/sbin/lighttpd"
+MODEL_PORT = 8090  # the stand-in model endpoint (tests/probes/model_standin.py)
 BACKEND = "/usr/lib/git-core/git-http-backend"
 PORT = 8080
 HOST_ADDR, SERVER_ADDR = "10.232.77.1", "10.232.77.2"
@@ -78,6 +80,7 @@ class GitServer:
         self.password = password or base64.b32encode(os.urandom(15)).decode().lower()
         self.root = None
         self.proc = None
+        self.model = None
         self.commits = []
         self.url = "http://%s:%d/git/proj.git" % (SERVER_ADDR, PORT)
 
@@ -126,6 +129,8 @@ class GitServer:
         _run("ip", "link", "set", "lo", "up", ns=self.ns)
         _run("ip", "addr", "add", SERVER_ADDR + "/30", "dev", "eth0", ns=self.ns)
         _run("ip", "link", "set", "eth0", "up", ns=self.ns)
+        # replies to the cells' subnets (their traffic reaches the server through this machine)
+        _run("ip", "route", "add", "default", "via", HOST_ADDR, ns=self.ns)
 
     def _lighttpd(self):
         conf = os.path.join(self.root, "lighttpd.conf")
@@ -142,6 +147,29 @@ class GitServer:
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("lighttpd did not come up: %s" % self.log())
+
+    def start_model(self, token):
+        """The stand-in model endpoint in the namespace, accepting ``token``
+        (handed over on stdin); its URL."""
+        from testpaths import PROBES
+
+        log = os.path.join(self.root, "model.log")
+        self.model = subprocess.Popen(["ip", "netns", "exec", self.ns, "/usr/bin/python3", "-I",
+                                       os.path.join(PROBES, "model_standin.py"), SERVER_ADDR, str(MODEL_PORT), log],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.model.stdin.write(token + "\n")
+        self.model.stdin.close()
+        if self.model.stdout.readline().strip() != "ready":
+            raise RuntimeError("the model stand-in did not start")
+        return "http://%s:%d/v1/edit" % (SERVER_ADDR, MODEL_PORT)
+
+    def model_requests(self):
+        """What the model stand-in was asked: [{"path", "authorized"}, ...]."""
+        try:
+            with open(os.path.join(self.root, "model.log")) as fh:
+                return [json.loads(line) for line in fh]
+        except FileNotFoundError:
+            return []
 
     def status(self, auth=True):
         """The HTTP status of the repository's upload-pack advertisement (None: no answer)."""
@@ -168,6 +196,10 @@ class GitServer:
                            check=False)
         return r.stdout.strip() or None
 
+    def show(self, spec):
+        """``git show SPEC`` (e.g. ``branch:path``) in the server's repository."""
+        return git(os.path.join(self.root, "repos", "proj.git"), "show", spec)
+
     def log(self):
         out = []
         for name in ("lighttpd.out", "logs/error.log"):
@@ -179,6 +211,9 @@ class GitServer:
         return "\n".join(out)
 
     def stop(self):
+        if self.model is not None and self.model.poll() is None:
+            self.model.kill()
+            self.model.wait()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:

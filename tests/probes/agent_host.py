@@ -35,6 +35,23 @@ def door(request):
     return json.loads(r.stdout) if r.stdout else {"ok": False, "client_exit": r.returncode, "stderr": r.stderr}
 
 
+def ask_model(turn):
+    """The model's edit for this turn (MODEL_ENDPOINT, with MODEL_TOKEN as the bearer credential):
+    (HTTP status, its line or None)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(os.environ["MODEL_ENDPOINT"], data=json.dumps({"turn": turn}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    if os.environ.get("MODEL_TOKEN"):
+        req.add_header("Authorization", "Bearer " + os.environ["MODEL_TOKEN"])
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())["line"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
 def git(*args):
     return subprocess.run(GIT + list(args), cwd="/workspace", capture_output=True, text=True, check=True).stdout
 
@@ -60,8 +77,12 @@ def main(argv):
            "environ": {k: ("<MODEL_TOKEN>" if k == "MODEL_TOKEN" else v) for k, v in os.environ.items()}}
     if turn == 1:
         git("checkout", "-q", "-b", BRANCH)
+    line = "turn %d of the stand-in agent" % turn
+    if os.environ.get("MODEL_ENDPOINT"):
+        out["model_status"], said = ask_model(turn)
+        line += ": " + (said or "no answer from the model")
     with open("/workspace/NOTES.md", "a") as fh:
-        fh.write("turn %d of the stand-in agent\n" % turn)
+        fh.write(line + "\n")
     with open("/workspace/RESULT.md", "w") as fh:
         fh.write("result after turn %d in %s\n" % (turn, os.environ.get("CHV_SLOT")))
     git("add", "NOTES.md", "RESULT.md")

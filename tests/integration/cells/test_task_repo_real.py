@@ -1,8 +1,9 @@
 """A task's repository in and results out, in real cells through sudo as
 the executor runs them, against a real git server (smart HTTP behind
 lighttpd with basic authentication, in a network namespace of its own:
-tests/helpers/gitserver.py) and a real chv-broker on the cells'
-/run/chv/broker.sock:
+tests/helpers/gitserver.py), a stand-in model endpoint the agent calls
+over the cell's own network (tests/probes/model_standin.py, in the same
+namespace) and a real chv-broker on the cells' /run/chv/broker.sock:
 
 task start clones at a commit (outside the cell, with the guest's
 credential), two turns of a stand-in agent (tests/probes/agent_host.py,
@@ -67,7 +68,7 @@ def lab(tmp_path_factory):
            "readonly_binds": [{"source": str(app_dir), "target": "/app"}],
            "writable_binds": [{"source": str(run_dir), "target": "/run/chv"}],
            "claim_timeout": 0, "stop_grace": 1, "require_ruleset": False, "slots": [slot(0), slot(1)],
-           "env_allow": ["MODEL_TOKEN", "TASK_MODE", "AGENT_BRANCH"], "broker_config": str(root / "broker.json")}
+           "env_allow": ["MODEL_TOKEN", "TASK_MODE", "AGENT_BRANCH", "MODEL_ENDPOINT"], "broker_config": str(root / "broker.json")}
     pol.update(AGENT_KEYS)
     listener = broker = None
     try:
@@ -124,7 +125,9 @@ def test_a_task_from_a_clone_at_a_commit_to_a_pushed_branch_and_nothing_left(lab
     server = lab["server"]
     first, second = server.commits
     token = "mt-" + secrets.token_hex(20)
-    t = task(lab, "start", "--repo", server.url, "--ref", first, "--env-fd", "0", stdin="TASK_MODE=fix\n\n")
+    endpoint = server.start_model(token)  # the model stand-in, reached over the cell's own network
+    t = task(lab, "start", "--repo", server.url, "--ref", first, "--env-fd", "0",
+             stdin="TASK_MODE=fix\nMODEL_ENDPOINT=%s\n\n" % endpoint)
     try:
         assert t["repo"] == {"url": server.url, "head": first, "branch": None}
         ws, home = slot_dirs(lab, t["slot"])
@@ -148,18 +151,24 @@ def test_a_task_from_a_clone_at_a_commit_to_a_pushed_branch_and_nothing_left(lab
         one = json.loads(out.splitlines()[-1])
         assert seen and not [x for x in samples if token in x or server.password in x]
         assert one["turn"] == 1 and one["previous"] == [] and one["token_sha256"] == sha(token)
-        assert one["task_mode"] == "fix"
+        assert one["task_mode"] == "fix" and one["model_status"] == 200
         assert server.password not in json.dumps(one["environ"])
         # turn 2: the first turn's state, no model credential (it was the first turn's), the push
         two = agent_turn(lab, t["task"])
         assert two["turn"] == 2 and two["previous"] == [{"turn": 1, "commit": one["commit"]}]
         assert two["token_sha256"] is None and "MODEL_TOKEN" not in two["env_names"] and two["task_mode"] == "fix"
+        # the model stand-in: the first turn's call carried the credential, the second's had none to carry
+        assert two["model_status"] == 401
+        assert server.model_requests() == [{"path": "/v1/edit", "authorized": True},
+                                           {"path": "/v1/edit", "authorized": False}]
         assert two["push"]["ok"] is True and two["push"]["result"]["returncode"] == 0, two["push"]
         # the branch, read back from the server: the agent's two commits on the commit the task started at
         branch = "refs/heads/" + two["branch"]
         assert server.ref(branch) == two["commit"]
         assert server.ref(branch + "^") == one["commit"] and server.ref(branch + "^^") == first
         assert server.ref("refs/heads/main") == second  # untouched
+        assert server.show(branch + ":NOTES.md") == ("turn 1 of the stand-in agent: model edit for turn 1\n"
+                                                    "turn 2 of the stand-in agent: no answer from the model\n")
         # the guest's credential: in no file the cell sees (its slot's, /run/chv, /app, the guest's /etc)
         assert files_holding(slot_dirs(lab, t["slot"]) + [lab["run_dir"], lab["app_dir"], "/etc"],
                              server.password) == []

@@ -705,6 +705,15 @@ def slot_free(env, name="slot0"):
                                                             if s["name"] == name)))
 
 
+def end_session(keep, p):
+    """After a test of a dropped session: close the test's end ``keep`` (None: closed) and kill ``p`` if it runs."""
+    if keep is not None:
+        os.close(keep)
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 @pytest.mark.parametrize("how, kind", [("sudo", "pipe"), ("sudo", "socket"), ("root", "pipe")])
 def test_disconnect_without_sighup_stops_the_cell(env, sudo_env, how, kind):
     """sshd without a tty: the session's stdout/stderr lose their peer, no SIGHUP."""
@@ -739,11 +748,7 @@ def test_disconnect_without_sighup_stops_the_cell(env, sudo_env, how, kind):
         took = time.monotonic() - t
         err = p.stderr.read().decode() if p.stderr else ""
     finally:
-        if keep is not None:
-            os.close(keep)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        end_session(keep, p)
     assert p.returncode == 129, err
     assert took < env["pol"]["stop_grace"] + 5
     if kind == "pipe":

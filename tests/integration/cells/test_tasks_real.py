@@ -15,7 +15,7 @@ import time
 import pytest
 
 from cellrt import ENTRY, NEEDS_REAL_CELLS
-from test_cells_real import AGENT_KEYS, _sh, as_user, env, sudo_env, user_run  # noqa: F401 (fixtures)
+from test_cells_real import AGENT_KEYS, _sh, as_user, end_session, env, sudo_env, user_run  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.cells] + NEEDS_REAL_CELLS
 
@@ -205,11 +205,7 @@ def test_a_task_whose_executor_hung_up_mid_turn_is_reclaimed_after_its_ttl(env, 
         keep = None  # the connection is gone
         p.wait(timeout=s["pol"]["stop_grace"] + 15)
     finally:
-        if keep is not None:
-            os.close(keep)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        end_session(keep, p)
     assert p.returncode == 129, p.stderr.read()
     # within its TTL the task is still there (the executor may come back) ...
     assert [x["task"] for x in task(m, s, "list")] == [t["task"]]

@@ -122,3 +122,12 @@ def test_a_failed_clone_leaves_the_slot_emptied_and_free(task_policy, monkeypatc
     started = json.loads(out[0])
     assert started["repo"] == {"url": "https://g/r.git", "head": "ab" * 20, "branch": "main"}
     assert [t["repo"] for t in tasks.listing(task_policy, 1000)] == [started["repo"]]
+
+
+def test_policy_broker_config_is_a_path_or_empty(raw_policy):
+    from chv_guest.cell import policy as policymod
+
+    for ok in ("/etc/chv-fleet/broker.json", ""):
+        assert policymod.validate(dict(raw_policy, broker_config=ok)) == []
+    for bad in ("broker.json", "/", 7, "/etc/../x"):
+        assert any("broker_config" in e for e in policymod.validate(dict(raw_policy, broker_config=bad))), bad

@@ -158,3 +158,26 @@ def test_a_name_not_allowed_is_refused_beside_an_allowed_control(envs):
     r = user_run(s["member"], [s["chv_cell"], "run", "--env-fd", "0", "--", "sh", "-c", REPORT],
                  stdin="MODEL_TOKEN=%s\n\nplain\n" % token)
     assert r.returncode == 0 and r.stdout.splitlines()[:2] == ["stdin:plain", sha(token)], (r.stdout, r.stderr)
+
+
+def test_counter_proof_a_value_on_nspawns_command_line_is_caught_by_the_ps_samples(env, envs):  # noqa: F811
+    """Loosen the one boundary: the value passed the way --env-fd avoids
+    (the policy's setenv, which becomes nspawn's --setenv=NAME=VALUE) shows
+    in the same ps samples that found nothing above."""
+    import sys
+
+    from cellrt import ENTRY
+
+    leak = "lk-" + secrets.token_hex(20)
+    pol = copy.deepcopy(envs["pol"])
+    pol["setenv"] = {"LEAKED": leak}
+    path = os.path.join(envs["dir"], "counter-policy.json")
+    with open(path, "w") as fh:
+        json.dump(pol, fh)
+    p = subprocess.Popen([sys.executable, "-I", ENTRY, "--policy", path, "run", "--slot", "slot1", "--", "sh", "-c",
+                          'printf %s "$LEAKED" | sha256sum | cut -c1-64; sleep 2'], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    samples, seen = sample_ps(p, "sleep 2")
+    out = p.stdout.read()
+    assert p.returncode == 0 and out == sha(leak) + "\n", p.stderr.read()  # the cell ran and had it
+    assert seen and [x for x in samples if leak in x]

@@ -81,8 +81,8 @@ def _seconds(option: str, value: str, lowest_exclusive: bool) -> float:
     v = float(value)
     if lowest_exclusive and v <= 0:
         raise Refused("%s must be > 0 seconds" % option)
-    limit = {"--timeout": TIMEOUT_MAX, "--ttl": float(policymod.TASK_TTL_LIMIT)}.get(option,
-                                                                                 policymod.RUNTIME_MAX_LIMIT)
+    limits = {"--timeout": TIMEOUT_MAX, "--ttl": float(policymod.TASK_TTL_LIMIT)}
+    limit = limits.get(option, policymod.RUNTIME_MAX_LIMIT)
     if v > limit:
         raise Refused("%s %s is above the limit of %gs" % (option, value, limit))
     return v

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 # own /run is a private tmpfs, so nothing of the host's /run is visible).
 GATE_IN_CELL = "/run/chv-gate"
 
+
 # The cell's pid 2 (nspawn --as-pid2) is this shell: it blocks on the start
 # gate FIFO and execs the payload only after the launcher has written "go"
 # (after the cell's network is configured), then the variables passed to

@@ -243,4 +243,3 @@ def effective_max(policy: Policy, asked: Optional[int]) -> int:
         raise ValueError("--max-bytes %d must be above 0 and at most the policy's read_max_bytes %d (role variable "
                          "chv_cell_read_max_bytes)" % (asked, limit))
     return asked
-

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .syncrun import JailSpec, SyncSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # the sync worker's whole environment
 
 
 def sync_mount_properties(scfg: wire.JSONObject, workspaces_dir: str, workspace: str) -> List[str]:
@@ -45,6 +46,33 @@ def sync_mount_properties(scfg: wire.JSONObject, workspaces_dir: str, workspace:
         jail_plan(["BindPaths=%s" % path])  # a plain absolute path, or ValueError
     return list(scfg["mounts"]) + ["TemporaryFileSystem=%s:ro" % workspaces_dir.rstrip("/"),
                                    "BindPaths=%s" % workspace, "ReadWritePaths=%s" % workspace]
+
+
+def read_credentials(path: str) -> bytes:
+    """The guest's git credential file (chv_broker_sync_credentials_file), read as root outside every
+    cell (at most 1 MiB), or b"" when there is none."""
+    if not path:
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(1 << 20)
+    except FileNotFoundError:
+        return b""
+
+
+def worker_spec(scfg: wire.JSONObject, workspace: str, repo: str, argv: List[str], credentials: bytes) -> SyncSpec:
+    """The sync worker's spec for ``workspace`` (syncrun.SyncSpec): the protocols, hosts and limits of
+    chv-broker's sync, and its credential helper when there are ``credentials``."""
+    return {"workspace": workspace, "repo": repo, "argv": argv, "protocols": scfg["protocols"], "hosts": scfg["hosts"],
+            # run by the interpreter: the installed package's files are not executable
+            "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
+                                  if credentials else ""),
+            "rlimit_as": int(scfg["rlimit_as"]), "rlimit_cpu": int(scfg["rlimit_cpu"])}
+
+
+def worker_argv(scfg: wire.JSONObject) -> List[str]:
+    """How the sync worker is started: the configured interpreter, isolated, on syncrun.py."""
+    return [scfg["python"], "-I", os.path.join(HERE, "syncrun.py")]
 
 
 def sync_unit_name(slot: str) -> str:
@@ -248,17 +276,6 @@ class Broker:
                 return pw.pw_uid, pw.pw_gid
         raise OpError("slot workspace owner is neither in the slot's UID range nor the shared user")
 
-    def _credentials(self) -> bytes:
-        """The credential file's content (read as root, outside every cell), or b""."""
-        path = self.cfg["sync"]["credentials_file"]
-        if not path:
-            return b""
-        try:
-            with open(path, "rb") as fh:
-                return fh.read(1 << 20)
-        except FileNotFoundError:
-            return b""
-
     def op_sync(self, cell: Cell, req: wire.JSONObject) -> Dict[str, object]:
         scfg = self.cfg["sync"]
         action = req.get("action")
@@ -269,16 +286,10 @@ class Broker:
             raise OpError("repo must be a string")
         workspace = os.path.join(self.cfg["workspaces_dir"], cell["slot"])
         uid, gid = self._sync_identity(cell, workspace)
-        credentials = self._credentials()
-        spec: SyncSpec
-        spec = {"workspace": workspace, "repo": repo, "argv": scfg["commands"][action],
-                "protocols": scfg["protocols"], "hosts": scfg["hosts"],
-                # run by the interpreter: the installed package's files are not executable
-                "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
-                                      if credentials else ""),
-                "rlimit_as": int(scfg["rlimit_as"]), "rlimit_cpu": int(scfg["rlimit_cpu"])}
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-        worker = [scfg["python"], "-I", os.path.join(HERE, "syncrun.py")]
+        credentials = read_credentials(scfg["credentials_file"])
+        spec = worker_spec(scfg, workspace, repo, scfg["commands"][action], credentials)
+        env = dict(WORKER_ENV)
+        worker = worker_argv(scfg)
         unit: Optional[str] = None
         if scfg["isolation"] == "unit":
             # systemd stops the unit after RuntimeMaxSec; give systemd-run a moment to report that

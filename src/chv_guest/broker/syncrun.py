@@ -526,6 +526,7 @@ class SyncSpec(_SyncSpecRequired, total=False):
     credential_helper: str
     rlimit_as: int
     rlimit_cpu: int
+    clone: "CloneSpec"
 
 
 def prepare(spec: SyncSpec, environ: Mapping[str, str],
@@ -822,6 +823,119 @@ def set_limits(spec: SyncSpec) -> None:
             resource.setrlimit(res, (value, value))
 
 
+# ------------------------------------------------------------------ clone (chv-cell task start --repo)
+_REF_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}")
+
+
+class CloneSpec(TypedDict, total=False):
+    """spec["clone"]: the repository a task starts with (chv-cell's clone.py writes it)."""
+    url: str
+    ref: str
+
+
+def check_clone(spec: SyncSpec, clone: CloneSpec, targets: Set[Target]) -> Tuple[str, Optional[str]]:
+    """The clone's URL and ref, checked: a URL git can reach by one of the
+    allowed protocols, without a user name, password, query or fragment
+    (the credential comes from the guest's credential file, and what the
+    workspace's .git/config keeps is the URL as given), naming a host of
+    ``hosts`` when that list is set; a plain ref (branch, tag or commit,
+    no leading '-', no '..').  Adds the URL's target to ``targets``."""
+    url, ref = clone.get("url"), clone.get("ref")
+    try:
+        proto, host, port, display = parse_remote_url(url)
+    except ValueError as exc:
+        raise Rejected("clone URL %s: %s" % (redact(url), exc)) from None
+    if _URL_RE.fullmatch(str(url)) and display != url:
+        raise Rejected("clone URL %s: a URL with a user name, password, query or fragment (or an upper-case "
+                       "scheme) is refused; the credential comes from the guest's credential file" % redact(url))
+    if proto not in spec.get("protocols", ["https"]):
+        raise Rejected("clone URL %s: protocol %s is not allowed (chv_broker_sync_protocols)" % (redact(url), proto))
+    if spec.get("hosts"):
+        try:
+            check_remote(None, str(url), spec.get("hosts") or ())
+        except Rejected as exc:
+            raise Rejected("clone URL %s" % exc) from None
+    if ref is not None and (not isinstance(ref, str) or not _REF_RE.fullmatch(ref) or ".." in ref
+                            or ref.endswith((".", "/", ".lock"))):
+        raise Rejected("clone ref %r is not a plain branch, tag or commit name" % (ref,))
+    targets.add((proto, host, port))
+    return str(url), ref
+
+
+def _git_run(prefix: List[str], env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
+    """git with ``args``; the credentials' memfd (CHV_BROKER_CRED_FD) is its, and its helper's, to read."""
+    fd = env.get("CHV_BROKER_CRED_FD")
+    return subprocess.run(prefix + list(args), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, check=False, pass_fds=(int(fd),) if fd else ())
+
+
+def run_clone(spec: SyncSpec, url: str, ref: Optional[str], env: Mapping[str, str]) -> Dict[str, Optional[str]]:
+    """Clone ``url`` into the (empty) workspace, the cwd, and check out
+    ``ref`` (a remote branch as a local tracking branch, else a tag or
+    commit, detached); the hardened git of every sync (git_prefix,
+    git_env), no template (no hooks), no submodules.  Afterwards the
+    repository must pass what every later sync checks (check_git_dir, the
+    config key allow-list).  Returns {"head", "branch"}; raises Rejected
+    with git's message when git fails."""
+    ws = spec["workspace"]
+    if os.listdir("."):
+        raise Rejected("the slot's workspace is not empty")
+    prefix = git_prefix(spec.get("protocols", ["https"]), spec.get("credential_helper") or "")
+    genv = dict(env, GIT_DIR=os.path.join(ws, ".git"), GIT_WORK_TREE=ws)
+
+    def must(*args: str, in_repo: bool = True) -> bytes:
+        proc = _git_run(prefix, genv if in_repo else env, *args)
+        if proc.returncode != 0:
+            raise Rejected("git %s failed: %s" % (args[0], printable_tail(proc.stderr)))
+        return proc.stdout
+
+    must("clone", "--quiet", "--template=", "--no-checkout", "--origin", "origin", "--", url, ".", in_repo=False)
+    if ref is None:
+        must("checkout", "--quiet")
+    elif _git_run(prefix, genv, "rev-parse", "--verify", "--quiet", "refs/remotes/origin/" + ref).returncode == 0:
+        must("checkout", "--quiet", "-B", ref, "--track", "origin/" + ref)
+    else:
+        found = _git_run(prefix, genv, "rev-parse", "--verify", "--quiet", "--end-of-options", ref + "^{commit}")
+        if found.returncode != 0:
+            raise Rejected("git checkout failed: %s is neither a branch of the remote nor a tag or commit of the "
+                           "repository" % ref)
+        commit = found.stdout.decode().strip()
+        must("-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit)
+    check_git_dir(ws)
+    bad = disallowed_git_keys(n.lower() for n, _v in parse_config_list(
+        must("config", "--local", "--no-includes", "--list", "--null")))
+    if bad:
+        raise Rejected("the clone's config holds keys chv-broker does not allow: " + ", ".join(bad[:10]))
+    head = must("rev-parse", "HEAD").decode().strip()
+    return {"head": head, "branch": current_branch(prefix, genv)}
+
+
+def printable_tail(data: bytes, limit: int = 300) -> str:
+    text = "".join(c if c.isprintable() else " " for c in data.decode("utf-8", "replace")).strip()
+    return text[-limit:]
+
+
+def clone_main(spec: SyncSpec, clone: CloneSpec, data: bytes) -> int:
+    """The worker's clone: one JSON line ({"cloned": {...}} or {"rejected": why}); 0 or REJECT_STATUS."""
+    targets: Set[Target] = set()
+    try:
+        url, ref = check_clone(spec, clone, targets)
+        ws_real = os.path.realpath(spec["workspace"], strict=True)
+        os.chdir(ws_real)
+        env = git_env(os.environ, ws_real)
+        fd = credentials_fd(credential_lines(data, targets))
+        if fd is not None:
+            env["CHV_BROKER_CRED_FD"] = str(fd)
+        result = run_clone(spec, url, ref, env)
+    except (Rejected, OSError) as exc:
+        sys.stdout.write(json.dumps({"rejected": str(exc)}) + "\n")
+        sys.stdout.flush()
+        return REJECT_STATUS
+    sys.stdout.write(json.dumps({"cloned": result}) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
 def main(args: List[str]) -> int:
     if args[:1] == ["--jail"]:  # isolation "child": started as root, becomes the slot here
         try:
@@ -834,6 +948,8 @@ def main(args: List[str]) -> int:
     spec = json.loads(args[0])
     set_limits(spec)
     data = sys.stdin.buffer.read(1 << 20)
+    if "clone" in spec:
+        return clone_main(spec, spec["clone"], data)
     targets: Set[Target] = set()
     try:
         argv, env = prepare(spec, os.environ, targets)

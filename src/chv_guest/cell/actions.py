@@ -105,18 +105,40 @@ def launcher_for(pol: policymod.Policy, verbose: bool = False,
     return runner.Launcher(pol, verbose=verbose, caller=caller)
 
 
+def read_env(pol: policymod.Policy, env_fd: Optional[int], kept: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The variables of a run (taskenv.py): a task's ``kept`` ones (still
+    allowed), then the NAME=VALUE lines on ``env_fd`` (None: none read)
+    over them; taskenv.EnvRefused when a name is not in the policy's
+    env_allow, the lines are unusable, or the platform passes none."""
+    from . import taskenv  # noqa: PLC0415 (runs that pass variables only)
+
+    env = dict(kept or {})
+    if env_fd is None and not env:
+        return env
+    if pol["platform"] != "linux":
+        raise taskenv.EnvRefused("--env-fd is not supported for %s cells yet" % pol["platform"])
+    taskenv.check_allowed(env, pol["env_allow"])
+    if env_fd is not None:
+        env.update(taskenv.parse_env(taskenv.read_env(env_fd), pol["env_allow"]))
+    taskenv.gate_message(env)  # the size of all of it together
+    return env
+
+
 def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
               shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool = False,
               caller: Optional[str] = None, ignore_cordon: bool = False, task: Optional[str] = None,
-              caller_uid: int = 0) -> int:
+              caller_uid: int = 0, env_fd: Optional[int] = None) -> int:
     """A run with the launcher of the policy's platform; its exit code.
     ``status_fd`` (None: none) must be open for writing; the launcher writes
     its verdict there.  macOS cells do not report one yet: refused there
     (78).  ``task``: a turn of that task of ``caller_uid`` (tasks.py), in
-    its slot only (Linux only)."""
+    its slot only (Linux only).  ``env_fd``: the run's variables
+    (taskenv.py), read before anything starts (78 when refused)."""
+    from .taskenv import EnvRefused  # noqa: PLC0415
+
     if task is not None:
         return _start_turn(pol, command, task, caller_uid, timeout, shared_network, runtime_max, status_fd,
-                           verbose, caller)
+                           verbose, caller, env_fd)
     if status_fd is not None:
         problem = status_fd_problem(status_fd)
         if problem:
@@ -125,7 +147,13 @@ def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str]
         if pol["platform"] != "linux":
             logmod.log("--status-fd is not supported for %s cells yet" % pol["platform"])
             return refuse_with_status(status_fd)
+    try:
+        env = read_env(pol, env_fd)
+    except EnvRefused as exc:
+        logmod.log(str(exc))
+        return refuse_with_status(status_fd)
     launcher = launcher_for(pol, verbose=verbose, caller=caller)
+    launcher.env = env
     launcher.status_fd = status_fd
     launcher.ignore_cordon = ignore_cordon
     return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
@@ -134,9 +162,12 @@ def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str]
 
 def _start_turn(pol: policymod.Policy, command: Sequence[str], task: str, caller_uid: int,
                 timeout: Optional[float], shared_network: bool, runtime_max: Optional[float],
-                status_fd: Optional[int], verbose: bool, caller: Optional[str]) -> int:
-    """``run --task``: the task's checks (tasks.check_run), then a run in its slot."""
-    from . import tasks  # noqa: PLC0415 (turns of tasks only)
+                status_fd: Optional[int], verbose: bool, caller: Optional[str], env_fd: Optional[int]) -> int:
+    """``run --task``: the task's checks (tasks.check_run), its variables
+    and the turn's own (``env_fd``), then a run in its slot."""
+    from . import taskenv  # noqa: PLC0415 (turns of tasks only)
+    from . import taskrec  # noqa: PLC0415
+    from . import tasks  # noqa: PLC0415
 
     if status_fd is not None:
         problem = status_fd_problem(status_fd)
@@ -151,9 +182,15 @@ def _start_turn(pol: policymod.Policy, command: Sequence[str], task: str, caller
         if status_fd is not None:
             write_status(status_fd, status_record(rc, "config"))
         return rc
+    try:
+        env = read_env(pol, env_fd, taskenv.load_task_env(taskrec.tasks_dir(pol), task))
+    except taskenv.EnvRefused as exc:
+        logmod.log("task %s: %s" % (task, exc))
+        return refuse_with_status(status_fd)
     launcher = launcher_for(pol, verbose=verbose, caller=caller)
     launcher.status_fd = status_fd
     launcher.task_id = task
+    launcher.env = env
     launcher.ignore_cordon = True  # a cordon stops new tasks (tasks.start), not the turns of a started one
     return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
                         runtime_max=runtime_max)
@@ -162,7 +199,7 @@ def _start_turn(pol: policymod.Policy, command: Sequence[str], task: str, caller
 def run_request(pol: policymod.Policy, req: AgentRequest, caller: Optional[str] = None, caller_uid: int = 0) -> int:
     """Run an agent.AgentRequest of action run; its exit code."""
     return start_run(pol, req.command, req.slot, req.timeout, req.shared_network, req.runtime_max, req.status_fd,
-                     verbose=req.verbose, caller=caller, task=req.task, caller_uid=caller_uid)
+                     verbose=req.verbose, caller=caller, task=req.task, caller_uid=caller_uid, env_fd=req.env_fd)
 
 
 def task_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int) -> int:
@@ -172,7 +209,10 @@ def task_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int) -> i
     if pol["platform"] != "linux":
         logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
         return exits.EXIT_CONFIG
-    return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl)
+    if req.verb == "export":
+        return tasks.export(pol, cast(str, req.task), caller_uid, list(req.paths), req.max_bytes)
+    repo = None if req.repo is None else (req.repo, req.ref)
+    return tasks.command(pol, cast(str, req.verb), caller_uid, req.task, req.ttl, env_fd=req.env_fd, repo=repo)
 
 
 def read_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int = 0) -> int:

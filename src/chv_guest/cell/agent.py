@@ -26,8 +26,9 @@ SUDO = "/usr/bin/sudo"
 GROUP_VARIABLE = "chv_cell_agent_group"
 
 USAGE = ("usage: chv-cell run [--slot NAME | --task ID] [--timeout SECONDS] [--runtime-max SECONDS] [--status-fd N] "
-         "[-v] -- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH | chv-cell task start [--ttl SECONDS] "
-         "| chv-cell task end ID | chv-cell task list")
+         "[--env-fd N] [-v] -- CMD... | chv-cell status | chv-cell read --slot NAME [--] PATH | chv-cell task start "
+         "[--ttl SECONDS] [--env-fd N] [--repo URL [--ref REF]] | chv-cell task end ID | chv-cell task list "
+         "| chv-cell task export ID [--max-bytes N] [--] PATH...")
 
 _SLOT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")  # as policy._SLOT_RE
 _SECONDS_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
@@ -36,11 +37,18 @@ _FD_RE = re.compile(r"^[0-9]{1,4}$")
 STATUS_FD_MAX = 1023  # --status-fd: 3 .. 1023
 READ_PATH_MAX = 4096  # read PATH: at most PATH_MAX characters
 _TASK_RE = re.compile(r"^[0-9a-f]{32}\Z")  # as taskrec.TASK_ID_RE
-TASK_VERBS = ("start", "end", "list")  # `task reap` is root's (the timer's), never the agent's
+_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}\Z")  # as broker/syncrun.py's _REF_RE
+REPO_URL_MAX = 2048
+TASK_VERBS = ("start", "end", "list", "export")  # `task reap` is root's (the timer's), never the agent's
+EXPORT_PATHS_MAX = 64  # task export: PATHs at most
+_BYTES_RE = re.compile(r"^[1-9][0-9]{0,15}\Z")
 
 
 # status_fd: run's --status-fd (None without); path: read's PATH; task: run's
-# --task or task end's ID; ttl: task start's --ttl; verb: task's verb.
+# --task or task end's ID; ttl: task start's --ttl; verb: task's verb;
+# env_fd: run's or task start's --env-fd (the variables' fd, taskenv.py);
+# repo, ref: task start's --repo and --ref (clone.py); paths, max_bytes:
+# task export's PATHs and --max-bytes (export.py).
 class AgentRequest(NamedTuple):
     action: str
     slot: Optional[str]
@@ -54,6 +62,11 @@ class AgentRequest(NamedTuple):
     task: Optional[str] = None
     ttl: Optional[float] = None
     verb: Optional[str] = None
+    env_fd: Optional[int] = None
+    repo: Optional[str] = None
+    ref: Optional[str] = None
+    paths: Tuple[str, ...] = ()
+    max_bytes: Optional[int] = None
 
 
 class Refused(Exception):
@@ -75,7 +88,7 @@ def _seconds(option: str, value: str, lowest_exclusive: bool) -> float:
     return v
 
 
-_VALUE_OPTIONS = ("--slot", "--task", "--timeout", "--runtime-max", "--status-fd")
+_VALUE_OPTIONS = ("--slot", "--task", "--timeout", "--runtime-max", "--status-fd", "--env-fd")
 _FLAG_OPTIONS = {"-v": "verbose", "--verbose": "verbose", "--shared-network": "shared_network"}
 
 
@@ -133,18 +146,87 @@ def _parse_task(rest: Sequence[str]) -> AgentRequest:
         if len(args) != 1:
             raise Refused("task end needs exactly one task ID (got %d arguments)" % len(args))
         return none._replace(task=_task_id(args[0]))
+    if verb == "export":
+        return _parse_export(none, args)
+    got: Dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name not in _START_OPTIONS:
+            raise Refused("option %r is not allowed for task start (allowed: %s)"
+                          % (args[i], ", ".join(_START_OPTIONS)))
+        if not eq:
+            if i + 1 >= len(args):
+                raise Refused("%s needs a value" % name)
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if name in got:
+            raise Refused("%s given twice" % name)
+        got[name] = _START_OPTIONS[name](value)
+    if "--ref" in got and "--repo" not in got:
+        raise Refused("--ref goes with --repo (the repository the task starts with)")
+    return none._replace(ttl=got.get("--ttl"), env_fd=got.get("--env-fd"), repo=got.get("--repo"),
+                         ref=got.get("--ref"))
+
+
+def _parse_export(none: AgentRequest, args: List[str]) -> AgentRequest:
+    """``task export ID [--max-bytes N] [--] PATH...``: 1 to EXPORT_PATHS_MAX
+    PATHs (as read's PATH; one that starts with '-' only after ``--``)."""
     if not args:
-        return none
-    name, eq, value = args[0].partition("=")
-    if name != "--ttl":
-        raise Refused("option %r is not allowed for task start (allowed: --ttl)" % args[0])
-    if not eq:
-        if len(args) < 2:
-            raise Refused("--ttl needs a value")
-        value = args[1]
-    if len(args) != (1 if eq else 2):
-        raise Refused("task start takes only --ttl SECONDS (got %r)" % args[1 if eq else 2])
-    return none._replace(ttl=_seconds("--ttl", value, lowest_exclusive=True))
+        raise Refused("task export needs a task ID and at least one PATH")
+    task, rest, max_bytes = _task_id(args[0]), args[1:], None
+    while rest and rest[0] != "--" and rest[0].startswith("-"):
+        name, eq, value = rest[0].partition("=")
+        if name != "--max-bytes":
+            raise Refused("option %r is not allowed for task export (allowed: --max-bytes)" % rest[0])
+        if max_bytes is not None:
+            raise Refused("--max-bytes given twice")
+        if not eq:
+            if len(rest) < 2:
+                raise Refused("--max-bytes needs a value")
+            value, rest = rest[1], rest[1:]
+        if not _BYTES_RE.match(value):
+            raise Refused("--max-bytes %r must be a whole number of bytes above 0" % value)
+        max_bytes, rest = int(value), rest[1:]
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not 0 < len(rest) <= EXPORT_PATHS_MAX:
+        raise Refused("task export needs 1 to %d PATHs (got %d)" % (EXPORT_PATHS_MAX, len(rest)))
+    for path in rest:
+        if not path or len(path) > READ_PATH_MAX or "\0" in path:
+            raise Refused("task export: each PATH must be 1 to %d characters" % READ_PATH_MAX)
+    return none._replace(task=task, paths=tuple(rest), max_bytes=max_bytes)
+
+
+def _repo_url(value: str) -> str:
+    """--repo: a URL (1 to 2048 printable characters, no blank, not an option); clone.py checks the rest."""
+    if not 0 < len(value) <= REPO_URL_MAX or value.startswith("-") or any(not 32 < ord(c) < 127 for c in value):
+        raise Refused("--repo must be a URL of 1 to %d printable characters without blanks" % REPO_URL_MAX)
+    return value
+
+
+def _ref(value: str) -> str:
+    """--ref: a plain branch, tag or commit name (as broker/syncrun.py's check_clone)."""
+    if not _REF_RE.match(value) or ".." in value or value.endswith((".", "/", ".lock")):
+        raise Refused("--ref %r is not a plain branch, tag or commit name" % value)
+    return value
+
+
+def _ttl(value: str) -> float:
+    return _seconds("--ttl", value, lowest_exclusive=True)
+
+
+def _env_fd(value: str) -> int:
+    """--env-fd: 0 (stdin: the variables, then the payload's input) or 3 to STATUS_FD_MAX."""
+    if not _FD_RE.match(value) or not (int(value) == 0 or 3 <= int(value) <= STATUS_FD_MAX):
+        raise Refused("--env-fd %r must be 0 (stdin) or a file descriptor number from 3 to %d"
+                      % (value, STATUS_FD_MAX))
+    return int(value)
+
+
+_START_OPTIONS: Dict[str, Callable[[str], Any]] = {"--ttl": _ttl, "--env-fd": _env_fd, "--repo": _repo_url,
+                                                   "--ref": _ref}
 
 
 def parse_agent_args(args: Iterable[str]) -> AgentRequest:
@@ -206,6 +288,8 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
                     raise Refused("--status-fd %r must be a file descriptor number from 3 to %d (0-2 are the "
                                   "payload's streams)" % (value, STATUS_FD_MAX))
                 value = int(value)
+            elif name == "--env-fd":
+                value = _env_fd(value)
             else:
                 value = _seconds(name, value, lowest_exclusive=(name == "--runtime-max"))
         if key in got:
@@ -213,9 +297,11 @@ def parse_agent_args(args: Iterable[str]) -> AgentRequest:
         got[key] = value
     if "task" in got and "slot" in got:
         raise Refused("--task and --slot do not go together (a task's turns run in its slot)")
+    if "env_fd" in got and got["env_fd"] == got.get("status_fd"):
+        raise Refused("--env-fd and --status-fd must be two file descriptors")
     return AgentRequest("run", got.get("slot"), got.get("timeout"), got.get("runtime_max"),
                         bool(got.get("shared_network")), bool(got.get("verbose")), command, got.get("status_fd"),
-                        task=got.get("task"))
+                        task=got.get("task"), env_fd=got.get("env_fd"))
 
 
 def render_agent_args(req: AgentRequest) -> List[str]:
@@ -228,10 +314,20 @@ def render_agent_args(req: AgentRequest) -> List[str]:
         return ["read", "--slot", cast(str, req.slot), "--", cast(str, req.path)]  # _parse_read sets both
     if req.action == "task":
         out = ["task", cast(str, req.verb)]
-        if req.verb == "end":
+        if req.verb in ("end", "export"):
             out.append(cast(str, req.task))
-        elif req.ttl is not None:
+        if req.max_bytes is not None:
+            out += ["--max-bytes", str(req.max_bytes)]
+        if req.paths:
+            out += ["--"] + list(req.paths)
+        if req.ttl is not None:
             out += ["--ttl", _fmt(req.ttl)]
+        if req.env_fd is not None:
+            out += ["--env-fd", str(req.env_fd)]
+        if req.repo is not None:
+            out += ["--repo", req.repo]
+        if req.ref is not None:
+            out += ["--ref", req.ref]
         return out
     out = ["run"]
     if req.slot is not None:
@@ -244,6 +340,8 @@ def render_agent_args(req: AgentRequest) -> List[str]:
         out += ["--runtime-max", _fmt(req.runtime_max)]
     if req.status_fd is not None:
         out += ["--status-fd", str(req.status_fd)]
+    if req.env_fd is not None:
+        out += ["--env-fd", str(req.env_fd)]
     if req.shared_network:
         out.append("--shared-network")
     if req.verbose:
@@ -315,8 +413,17 @@ def main(args: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
 
 def _status_fd_problem(req: AgentRequest) -> Optional[str]:
-    """What is wrong with the request's --status-fd (None: fine, or none)."""
-    return None if req.status_fd is None else status_fd_problem(req.status_fd)
+    """What is wrong with the request's --status-fd or --env-fd (None: fine, or none)."""
+    if req.status_fd is not None:
+        problem = status_fd_problem(req.status_fd)
+        if problem:
+            return problem
+    if req.env_fd is not None:
+        try:
+            os.fstat(req.env_fd)
+        except OSError:
+            return "--env-fd %d is not an open file descriptor" % req.env_fd
+    return None
 
 
 # ---------------------------------------------------------------- the wrapper side
@@ -352,12 +459,15 @@ def agent_path() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), AGENT_NAME)
 
 
-def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd: Optional[int] = None) -> List[str]:
+def sudo_argv(agent: str, agent_args: Iterable[str], sudo: str = SUDO, status_fd: Optional[int] = None,
+              env_fd: Optional[int] = None) -> List[str]:
     """The command a non-root ``chv-cell`` execs: ``sudo -n AGENT ARGS``;
-    with ``status_fd``, ``sudo -n -C STATUS_FD+1 AGENT ARGS``: sudo then
-    closes only the fds above it (the sudoers option closefrom_override
-    allows -C for the agent)."""
-    keep = ["-C", str(status_fd + 1)] if status_fd is not None else []
+    with ``status_fd`` (or an ``env_fd`` of 3 or more), ``sudo -n -C N+1
+    AGENT ARGS`` for the higher of the two: sudo then closes only the fds
+    above it (the sudoers option closefrom_override allows -C for the
+    agent)."""
+    fds = [fd for fd in (status_fd, env_fd) if fd is not None and fd >= 3]
+    keep = ["-C", str(max(fds) + 1)] if fds else []
     return [sudo, "-n"] + keep + [agent] + list(agent_args)
 
 
@@ -401,7 +511,7 @@ def delegate(verbose: bool, policy_given: bool, action: str, rest: Sequence[str]
         logmod.log("user %s (uid %d) is not allowed to run cells: %s. Cells run through sudo for members of "
                    "the agent group (role variable %s)" % (user, os.getuid(), problem, GROUP_VARIABLE))
         return EXIT_REFUSED
-    execv(sudo, sudo_argv(agent, render_agent_args(req), sudo, req.status_fd))
+    execv(sudo, sudo_argv(agent, render_agent_args(req), sudo, req.status_fd, req.env_fd))
     return EXIT_REFUSED  # only reached with a test's execv
 
 

@@ -21,17 +21,29 @@ if TYPE_CHECKING:
 # own /run is a private tmpfs, so nothing of the host's /run is visible).
 GATE_IN_CELL = "/run/chv-gate"
 
+
 # The cell's pid 2 (nspawn --as-pid2) is this shell: it blocks on the start
 # gate FIFO and execs the payload only after the launcher has written "go"
-# (after the cell's network is configured).  The FIFO is owned by host root
-# with mode 0644: the cell (whose root is an unprivileged host uid) can open
-# it for reading only, so nothing inside any cell can open a gate.  If the
-# launcher dies before opening the gate, the read sees EOF and the payload
-# never starts.
-GATE_SCRIPT = (
-    'IFS= read -r g < ' + GATE_IN_CELL + ' && [ "$g" = go ] && exec "$@"; '
-    'echo "chv-cell: start gate closed; payload not started" >&2; exit 125'
-)
+# (after the cell's network is configured), then the variables passed to
+# this run as NAME=VALUE lines (taskenv.py: names the policy allows, never
+# on a command line), then an empty line.  The FIFO is owned by host root
+# with mode 0644: the cell (whose root is an unprivileged host uid) can
+# open it for reading only, so nothing inside any cell can open a gate; and
+# nothing else runs in the cell before the payload to read what passes.  If
+# the launcher dies before the empty line, the read sees EOF and the
+# payload never starts.  The FIFO is opened once, as fd 3, which the
+# payload does not get.  The shell's own variables begin with chv_, which
+# no passed name may (taskenv.RESERVED_PREFIX).
+def gate_script(gate: str) -> str:
+    """The in-cell start of a run, reading the gate FIFO at ``gate``."""
+    return (
+        '{ IFS= read -r chv_g <&3 && [ "$chv_g" = go ] && while IFS= read -r chv_v <&3; do '
+        '[ -n "$chv_v" ] || { unset chv_g chv_v; exec "$@" 3<&-; }; export "$chv_v" || break; done; } 3<' + gate + '; '
+        'echo "chv-cell: start gate closed; payload not started" >&2; exit 125'
+    )
+
+
+GATE_SCRIPT = gate_script(GATE_IN_CELL)
 
 # Trees of the host visible in every cell: /usr (nspawn --volatile=yes mounts
 # the host's /usr read-only on a tmpfs root) and /etc (bound read-only by the

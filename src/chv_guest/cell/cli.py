@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         "{verdict: ran|runtime|signal|setup|busy|config|unknown, exit, slot, payload_started, payload_exit}; "
         "the payload never gets fd N (docs/executor.md)",
     )
+    r.add_argument("--env-fd", type=int, metavar="N",
+                   help="read NAME=VALUE lines up to an empty line from fd N (0: stdin, whose rest is the payload's) "
+                   "and pass them to the payload's environment only; names the policy's env_allow lists "
+                   "(docs/executor.md)")
     r.add_argument("--ignore-cordon", action="store_true",
                    help="start even on a cordoned guest (root's; the health gate's own run after a drain)")
     r.add_argument("command", nargs=argparse.REMAINDER)
@@ -157,9 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
     ts = tsub.add_parser("start", allow_abbrev=False, help="claim a free slot for a new task; print its JSON")
     ts.add_argument("--ttl", type=float, metavar="S", help="tear the task down S seconds after its last use "
                     "(default and upper bound: the policy's task_ttl)")
+    ts.add_argument("--env-fd", type=int, metavar="N", help="the task's variables, as run --env-fd: every turn's "
+                    "payload gets them")
+    ts.add_argument("--repo", metavar="URL", help="clone this repository into the task's workspace, outside the "
+                    "cell, with chv-broker's sync door and the guest's credential")
+    ts.add_argument("--ref", metavar="REF", help="with --repo: check out this branch, tag or commit")
     te = tsub.add_parser("end", allow_abbrev=False, help="tear the task down and free its slot")
     te.add_argument("id", metavar="ID")
     tsub.add_parser("list", allow_abbrev=False, help="the caller's live tasks (root: all)")
+    tx = tsub.add_parser("export", allow_abbrev=False,
+                         help="a tar of the task's regular files at PATHs (cell paths; directories walked) on stdout, "
+                         "never following a link (docs/executor.md 'Results out')")
+    tx.add_argument("id", metavar="ID")
+    tx.add_argument("--max-bytes", type=int, metavar="N", help="at most N bytes of files (default and upper bound: "
+                    "the policy's read_max_bytes); more: nothing written, exit 73")
+    tx.add_argument("paths", nargs="+", metavar="PATH")
     tsub.add_parser("reap", allow_abbrev=False, help="tear down the expired tasks (root; the timer's)")
 
     w = sub.add_parser("warm", allow_abbrev=False,
@@ -462,7 +478,14 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
     if ns.action == "task":
         from . import tasks  # noqa: PLC0415
 
-        return tasks.command(pol, ns.verb, tasks.caller_uid(), getattr(ns, "id", None), getattr(ns, "ttl", None))
+        if ns.verb == "export":
+            return tasks.export(pol, ns.id, tasks.caller_uid(), ns.paths, ns.max_bytes)
+        repo = getattr(ns, "repo", None)
+        if getattr(ns, "ref", None) is not None and repo is None:
+            logmod.log("task start: --ref goes with --repo")
+            return exits.EXIT_CONFIG
+        return tasks.command(pol, ns.verb, tasks.caller_uid(), getattr(ns, "id", None), getattr(ns, "ttl", None),
+                             env_fd=getattr(ns, "env_fd", None), repo=None if repo is None else (repo, ns.ref))
     if ns.action == "health":
         return health(ns)
     if ns.action == "warm":
@@ -488,4 +511,4 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
         return exits.EXIT_CONFIG
     return start_run(pol, cmd, ns.slot, ns.timeout, ns.shared_network, ns.runtime_max, ns.status_fd,
                      verbose=ns.verbose or ns.run_verbose, ignore_cordon=ns.ignore_cordon, task=ns.task,
-                     caller_uid=0)
+                     caller_uid=0, env_fd=ns.env_fd)

@@ -90,6 +90,8 @@ class Launcher:
         # the health gate's own run on a host its rollout cordoned (chv-cell run --ignore-cordon, root's)
         self.ignore_cordon = False
         self.task_id: Optional[str] = None  # a turn of this task (tasks.py): only its slot, no other
+        # the variables passed to this run (taskenv.py): into the cell through its start gate only
+        self.env: Dict[str, str] = {}
 
     def debug(self, msg: str) -> None:
         if self.verbose:

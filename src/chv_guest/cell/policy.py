@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Dict, Iterable, Li
 from . import disk as diskmod
 from . import families as familiesmod
 from . import limits as limitsmod
+from . import taskenv as taskenvmod
 
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10: annotations only
@@ -133,6 +134,11 @@ DEFAULTS = {
     "writable_binds": [{"source": "/run/chv", "target": "/run/chv", "optional": False}],
     "tmpfs": ["/tmp"],
     "setenv": {},
+    # Names of variables an executor may pass to a run or a task with
+    # --env-fd (chv_cell/taskenv.py, docs/executor.md "Passing variables to
+    # the agent"): a model credential, the task's settings.  Any other name
+    # is refused (78).
+    "env_allow": [],
     "properties": {},
     "rlimits": {},
     "nspawn_environment": {},
@@ -164,6 +170,10 @@ DEFAULTS = {
     # (chv_cell/doors.py). The role renders the browser role's
     # chv_browser_socket_path; "" tells no browser.
     "browser_socket": "/run/chv-browser/browser.sock",
+    # chv-broker's configuration (the broker role's chv_broker_config_path):
+    # `chv-cell task start --repo` clones with its sync door's worker,
+    # protocols, hosts and credential (chv_cell/clone.py); "": no clones.
+    "broker_config": "/etc/chv-fleet/broker.json",
     # Slots whose cells are kept started, waiting for a payload
     # (chv-cell warm; docs/cells.md "Warm cells"): names of slots.
     "warm_slots": [],
@@ -561,6 +571,7 @@ def validate(obj: object) -> List[str]:
                     "properties: %s (require_limits refuses every property the launcher cannot check; "
                     "set require_limits to false to pass it unchecked)" % exc
                 )
+    errors.extend(taskenvmod.validate_allow(p["env_allow"], p["setenv"]))
     if isinstance(p["setenv"], dict) and str(p["setenv"].get("CHV_CELL", "1")) != "1":
         errors.append("setenv: CHV_CELL is always 1 in a cell")
     if isinstance(p["nspawn_environment"], dict):
@@ -613,6 +624,9 @@ def validate(obj: object) -> List[str]:
     bsock = p["browser_socket"]
     if not isinstance(bsock, str) or (bsock and (not _is_abs_clean(bsock) or bsock == "/")):
         errors.append("browser_socket: %r must be an absolute normalised path, or empty (no chv-browser)" % (bsock,))
+    bcfg = p["broker_config"]
+    if not isinstance(bcfg, str) or (bcfg and (not _is_abs_clean(bcfg) or bcfg == "/")):
+        errors.append("broker_config: %r must be an absolute normalised path, or empty (no clones)" % (bcfg,))
     v = p["read_max_bytes"]
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= READ_MAX_BYTES_LIMIT:
         errors.append("read_max_bytes: must be a whole number of bytes between 1 and %d (role variable "

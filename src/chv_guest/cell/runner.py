@@ -24,6 +24,7 @@ from . import launcher as launchermod
 from . import policy as policymod
 from . import records
 from . import resolver
+from . import taskenv
 from . import taskrec
 from .errors import Interrupted, RuntimeLimit, SetupError
 from .exits import EXIT_BUSY, EXIT_NO_TASK, EXIT_RUNTIME, EXIT_SETUP
@@ -318,7 +319,8 @@ class Launcher(launchermod.Launcher):
         p = self.policy
         try:
             ensure_dir(p["state_dir"], 0o700)
-            warm = [] if shared_network or self.task_id else [s for s in slots if s["name"] in p["warm_slots"]]
+            # a warm cell's gate opened before this run's variables were known: a run with some is cold
+            warm = [] if shared_network or self.task_id or self.env else [s for s in slots if s["name"] in p["warm_slots"]]
             claimed = self._claim(slots, warm, wait, command, runtime_max)
         except claimmod.SlotBusy:
             log("all %d slot(s) busy (%s) for %gs; giving up" % (len(slots), ", ".join(s["name"] for s in slots), wait))
@@ -448,7 +450,10 @@ class Launcher(launchermod.Launcher):
             else:
                 log("slot %s: WARNING: the cell_nat ruleset is not checked (policy require_ruleset is false)"
                     % slot["name"])
-            os.write(gate_fd, b"go\n")
+            if self.env:
+                self.debug("slot %s: passing %d variable(s) to the payload: %s"
+                           % (slot["name"], len(self.env), ", ".join(sorted(self.env))))
+            os.write(gate_fd, taskenv.gate_message(self.env))
             gate_open = True
             self.mark_payload_started()
             runtime_max = self.after_gate(slot, proc, pidfd, runtime_max)

@@ -164,7 +164,7 @@ def locate(policy: Policy, slot: Slot, path: str) -> Tuple[str, str, List[str]]:
 
 
 # ---------------------------------------------------------------- opening
-def _errno_refusal(exc: OSError, what: str) -> Refused:
+def errno_refusal(exc: OSError, what: str) -> Refused:
     """A Refused for an OSError of opening ``what``."""
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return Refused(EXIT_MISSING, "%s: no such file" % what)
@@ -233,7 +233,7 @@ def cell_could_read(st: os.stat_result, slot: Slot) -> bool:
     return slot["uid_base"] <= st.st_uid < slot["uid_base"] + slot["uid_size"] or bool(st.st_mode & stat.S_IROTH)
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
@@ -252,13 +252,13 @@ def open_slot_file(policy: Policy, slot: Slot, path: str, max_bytes: int,
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise Refused(EXIT_MISSING, "%s: the slot's %s %s does not exist" % (what, kind, top))
-        raise _errno_refusal(exc, what)
+        raise errno_refusal(exc, what)
     leaf: Optional[int]  # None once the fd is returned or closed
     try:
         try:
             leaf, how = open_beneath(base, parts, use_openat2)
         except OSError as exc:
-            raise _errno_refusal(exc, what)
+            raise errno_refusal(exc, what)
     finally:
         os.close(base)
     try:
@@ -266,7 +266,7 @@ def open_slot_file(policy: Policy, slot: Slot, path: str, max_bytes: int,
         if stat.S_ISLNK(st.st_mode):
             raise Refused(EXIT_REFUSED, "%s is a symbolic link (never followed)" % what)
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(EXIT_REFUSED, "%s is %s: only regular files are read" % (what, _kind(st.st_mode)))
+            raise Refused(EXIT_REFUSED, "%s is %s: only regular files are read" % (what, kind_of(st.st_mode)))
         if not cell_could_read(st, slot):
             raise Refused(EXIT_REFUSED, "%s is owned by uid %d, outside the slot's uids %d+%d, and not world-readable: "
                           "not the slot's file" % (what, st.st_uid, slot["uid_base"], slot["uid_size"]))

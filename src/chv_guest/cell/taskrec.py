@@ -71,10 +71,11 @@ def may_use(rec: Dict[str, Any], uid: int) -> bool:
 
 
 def public(rec: Dict[str, Any], policy: policymod.Policy) -> Dict[str, Any]:
-    """What ``task start`` and ``task list`` print of a task."""
+    """What ``task start`` and ``task list`` print of a task (``repo``: the clone's url, head and branch)."""
     return {"task": rec["task"], "slot": rec["slot"], "owner": rec["owner"], "home": policy["agent_state_mount"],
             "workspace": policy["workspace_mount"], "created": rec["created"], "ttl": rec["ttl"],
-            "last_used": rec["last_used"], "expires": round(expires(rec), 3)}
+            "last_used": rec["last_used"], "expires": round(expires(rec), 3),
+            **({"repo": rec["repo"]} if isinstance(rec.get("repo"), dict) else {})}
 
 
 def _valid_record(rec: object, task_id: str) -> bool:

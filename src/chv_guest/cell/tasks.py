@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from . import argv as argvmod
 from . import claim as claimmod
@@ -26,6 +26,7 @@ from . import exits
 from . import host
 from . import policy as policymod
 from . import runner
+from . import taskenv
 from . import taskrec
 from .errors import SetupError
 from .fsutil import ensure_slot_dir
@@ -85,6 +86,7 @@ def teardown(policy: policymod.Policy, rec: Dict[str, Any]) -> None:
     rec = dict(rec, ending=True)
     taskrec.write(policy, rec)
     empty_slot(policy, _slot(policy, rec["slot"]))
+    taskenv.remove_task_env(taskrec.tasks_dir(policy), rec["task"])
     taskrec.remove(policy, rec["task"])
 
 
@@ -131,10 +133,13 @@ def effective_ttl(policy: policymod.Policy, ttl: Optional[float]) -> float:
 
 
 def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, timeout: Optional[float] = None,
-          logf: Log = log) -> Dict[str, Any]:
-    """Claim a free slot for a new task of ``owner``, empty it, record the
-    task; what ``task start`` prints.  Warm slots are not given to tasks
-    (their lock is their warm cell's)."""
+          logf: Log = log, env: Optional[Dict[str, str]] = None,
+          repo: Optional[Tuple[str, Optional[str]]] = None) -> Dict[str, Any]:
+    """Claim a free slot for a new task of ``owner``, empty it, clone
+    ``repo`` (URL, ref) into its workspace (clone.py), record the task (and
+    keep its variables ``env``, taskenv.py, beside the record); what ``task
+    start`` prints.  A clone that fails leaves the slot emptied and free.
+    Warm slots are not given to tasks (their lock is their warm cell's)."""
     life = effective_ttl(policy, ttl)
     cordoned = cordonmod.read(policy["state_dir"])
     if cordoned is not None:  # no new work on a cordoned guest; turns of started tasks go on
@@ -164,10 +169,42 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
             except (SetupError, OSError) as exc:
                 raise TaskError(exits.EXIT_SETUP, "cannot prepare slot %s for a task: %s" % (slot["name"], exc))
             rec = taskrec.new_record(taskrec.new_id(), slot["name"], owner, life, time.time())
-            taskrec.write(policy, rec)
+            if repo is not None:
+                rec["repo"] = _clone(policy, slot, repo)
+            try:
+                taskenv.save_task_env(taskrec.tasks_dir(policy), rec["task"], env or {})
+                taskrec.write(policy, rec)
+            except OSError:
+                taskenv.remove_task_env(taskrec.tasks_dir(policy), rec["task"])
+                raise
             return taskrec.public(rec, policy)
         finally:
             held.release()
+
+
+def _clone(policy: policymod.Policy, slot: policymod.Slot, repo: Tuple[str, Optional[str]]) -> Dict[str, Any]:
+    """The task's repository cloned into the slot's emptied workspace
+    (clone.py); on failure the slot is emptied again and TaskError says why."""
+    from . import clone  # noqa: PLC0415 (tasks with a repository only)
+
+    try:
+        return clone.clone_into(policy, slot, repo[0], repo[1])
+    except clone.CloneError as exc:
+        try:
+            empty_slot(policy, slot)
+        except (SetupError, OSError) as again:
+            log("slot %s: cannot empty the slot after a failed clone: %s" % (slot["name"], again))
+        raise TaskError(exc.code, "task start: %s" % exc)
+
+
+def _task_env(policy: policymod.Policy, env_fd: Optional[int]) -> Dict[str, str]:
+    """``task start --env-fd N``'s variables; TaskError 78 when refused."""
+    if env_fd is None:
+        return {}
+    try:
+        return taskenv.parse_env(taskenv.read_env(env_fd), policy["env_allow"])
+    except taskenv.EnvRefused as exc:
+        raise TaskError(exits.EXIT_CONFIG, "task start: %s" % exc)
 
 
 def _no_task(policy: policymod.Policy, task_id: str, uid: int) -> TaskError:
@@ -196,6 +233,18 @@ def owned(policy: policymod.Policy, task_id: str, uid: int, now: Optional[float]
     return rec
 
 
+def _wait_for_turn(policy: policymod.Policy, slot: policymod.Slot, task_id: str, timeout: Optional[float],
+                   outcome: str) -> claimmod.Claim:
+    """The task's slot's lock, once its running turn (if any) has ended, up
+    to ``timeout`` (claim_timeout); TaskError 75 after, saying ``outcome``."""
+    wait = float(policy["claim_timeout"] if timeout is None else timeout)
+    try:
+        return claimmod.claim_any([(slot, _lock(policy, slot))], wait)[1]
+    except claimmod.SlotBusy:
+        raise TaskError(exits.EXIT_BUSY, "task %s: a turn still runs in slot %s after %gs; %s"
+                        % (task_id, slot["name"], wait, outcome))
+
+
 def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[float] = None) -> Dict[str, Any]:
     """``task end``: wait for the task's running turn (up to claim_timeout),
     tear it all down; what it prints."""
@@ -203,12 +252,7 @@ def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[floa
     if rec is None or not taskrec.may_use(rec, uid):
         raise _no_task(policy, task_id, uid)
     slot = _slot(policy, rec["slot"])
-    wait = float(policy["claim_timeout"] if timeout is None else timeout)
-    try:
-        dummy, held = claimmod.claim_any([(slot, _lock(policy, slot))], wait)
-    except claimmod.SlotBusy:
-        raise TaskError(exits.EXIT_BUSY, "task %s: a turn still runs in slot %s after %gs; not ended"
-                        % (task_id, slot["name"], wait))
+    held = _wait_for_turn(policy, slot, task_id, timeout, "not ended")
     try:
         cur = taskrec.read(policy, task_id)
         if cur is None:
@@ -224,6 +268,34 @@ def end(policy: policymod.Policy, task_id: str, uid: int, timeout: Optional[floa
     return {"task": task_id, "slot": slot["name"], "ended": True}
 
 
+def export(policy: policymod.Policy, task_id: str, uid: int, paths: List[str], max_bytes: Optional[int],
+           out: Optional[IO[bytes]] = None, timeout: Optional[float] = None) -> int:
+    """``task export ID PATH...``: a tar of the task's files on ``out``
+    (stdout), export.py; held under the slot's lock (a running turn is
+    waited for up to claim_timeout, 75 after); its exit code."""
+    from . import export as exportmod  # noqa: PLC0415 (exports only)
+
+    out = out or sys.stdout.buffer
+    try:
+        limit = exportmod.effective_max(policy, max_bytes)
+        rec = owned(policy, task_id, uid)
+        slot = _slot(policy, rec["slot"])
+        held = _wait_for_turn(policy, slot, task_id, timeout, "nothing exported")
+    except ValueError as exc:
+        log("task export: %s" % exc)
+        return exits.EXIT_CONFIG
+    except TaskError as exc:
+        log(str(exc))
+        return exc.code
+    try:
+        if taskrec.read(policy, task_id) is None:
+            log("task %s: ended meanwhile; nothing exported" % task_id)
+            return exits.EXIT_NO_TASK
+        return exportmod.export(policy, slot, paths, limit, out, log)
+    finally:
+        held.release()
+
+
 def listing(policy: policymod.Policy, uid: int) -> List[Dict[str, Any]]:
     """``task list``: the caller's live tasks (root: everyone's), after a reap."""
     reap(policy)
@@ -231,14 +303,17 @@ def listing(policy: policymod.Policy, uid: int) -> List[Dict[str, Any]]:
 
 
 def command(policy: policymod.Policy, verb: str, uid: int, task_id: Optional[str] = None,
-            ttl: Optional[float] = None, out: Optional[Callable[[str], object]] = None) -> int:
+            ttl: Optional[float] = None, out: Optional[Callable[[str], object]] = None,
+            env_fd: Optional[int] = None, repo: Optional[Tuple[str, Optional[str]]] = None) -> int:
     """One ``chv-cell task VERB``: its JSON on stdout; its exit code (the
-    reason on stderr, naming the task)."""
+    reason on stderr, naming the task).  ``env_fd`` (start): the task's
+    variables (taskenv.py), read before a slot is claimed; ``repo`` (start):
+    the repository (URL, ref) cloned into its workspace."""
     write = out or sys.stdout.write
     result: Any
     try:
         if verb == "start":
-            result = start(policy, uid, ttl)
+            result = start(policy, uid, ttl, env=_task_env(policy, env_fd), repo=repo)
         elif verb == "end":
             result = end(policy, str(task_id), uid)
         elif verb == "list":

@@ -13,6 +13,7 @@ their duration (and skip when one is already there: never touch a table
 the tests did not create).
 """
 
+import contextlib
 import copy
 import json
 import os
@@ -510,8 +511,13 @@ def _sh(*args):
     assert r.returncode == 0, (args, r.stdout, r.stderr)
 
 
-@pytest.fixture(scope="module")
-def sudo_env(env):
+@contextlib.contextmanager
+def agent_install(pol, packages=("chv_guest", os.path.join("chv_guest", "cell"))):
+    """chv-cell and its agent installed as the role installs them (the
+    ``packages`` of src/ copied into a lib directory, the entry points beside
+    them), the installed policy ``pol``, an agent group with a member and an
+    account outside it, and a sudo rule for the group: the executor's path.
+    Yields the paths and names."""
     import grp
     import pwd
     import tempfile
@@ -531,18 +537,17 @@ def sudo_env(env):
     try:
         os.chmod(d, 0o755)
         lib = os.path.join(d, "lib")
-        os.makedirs(os.path.join(lib, "chv_guest", "cell"), 0o755)
+        for package in packages:
+            os.makedirs(os.path.join(lib, package), 0o755)
         for name in ("chv-cell", "chv-cell-agent"):
             shutil.copy(os.path.join(SRC, name), os.path.join(lib, name))
             os.chmod(os.path.join(lib, name), 0o755)
-        for package in ("chv_guest", os.path.join("chv_guest", "cell")):  # the role's part (chv.fleet.guest_tree)
+        for package in packages:  # the role's part (chv.fleet.guest_tree)
             for name in os.listdir(os.path.join(SRC, package)):
                 if name.endswith(".py"):
                     shutil.copy(os.path.join(SRC, package, name), os.path.join(lib, package, name))
                     os.chmod(os.path.join(lib, package, name), 0o644)
         policy_path = os.path.join(d, "cell-policy.json")
-        pol = copy.deepcopy(env["pol"])
-        pol.update(AGENT_KEYS)
         with open(policy_path, "w") as fh:
             json.dump(pol, fh)
         os.chmod(policy_path, 0o644)
@@ -559,6 +564,7 @@ def sudo_env(env):
         for user, extra in ((member, ["-G", group]), (other, [])):
             _sh("useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", "-U", *extra, user)
             made.append(("userdel", user))
+        # the role's template less closefrom_override (test_slot_files.py adds the role's own drop-in)
         rule = "Defaults!%s env_reset\n%%%s ALL=(root) NOPASSWD: %s\n" % (agent, group, agent)
         tmp = os.path.join(d, "sudoers")
         with open(tmp, "w") as fh:
@@ -567,7 +573,7 @@ def sudo_env(env):
         os.chmod(tmp, 0o440)
         shutil.move(tmp, sudoers)
         yield {"dir": d, "chv_cell": os.path.join(lib, "chv-cell"), "agent": agent, "policy": policy_path,
-               "pol": pol, "member": member, "other": other, "group": group}
+               "pol": pol, "member": member, "other": other, "group": group, "lib": lib}
     finally:
         if os.path.exists(sudoers):
             os.unlink(sudoers)
@@ -576,6 +582,14 @@ def sudo_env(env):
             if what == "userdel":
                 subprocess.run(["groupdel", name], capture_output=True, check=False)  # the user's own group
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sudo_env(env):
+    pol = copy.deepcopy(env["pol"])
+    pol.update(AGENT_KEYS)
+    with agent_install(pol) as s:
+        yield s
 
 
 def as_user(user, argv, **kw):
@@ -691,6 +705,15 @@ def slot_free(env, name="slot0"):
                                                             if s["name"] == name)))
 
 
+def end_session(keep, p):
+    """After a test of a dropped session: close the test's end ``keep`` (None: closed) and kill ``p`` if it runs."""
+    if keep is not None:
+        os.close(keep)
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 @pytest.mark.parametrize("how, kind", [("sudo", "pipe"), ("sudo", "socket"), ("root", "pipe")])
 def test_disconnect_without_sighup_stops_the_cell(env, sudo_env, how, kind):
     """sshd without a tty: the session's stdout/stderr lose their peer, no SIGHUP."""
@@ -725,11 +748,7 @@ def test_disconnect_without_sighup_stops_the_cell(env, sudo_env, how, kind):
         took = time.monotonic() - t
         err = p.stderr.read().decode() if p.stderr else ""
     finally:
-        if keep is not None:
-            os.close(keep)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        end_session(keep, p)
     assert p.returncode == 129, err
     assert took < env["pol"]["stop_grace"] + 5
     if kind == "pipe":

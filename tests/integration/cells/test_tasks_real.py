@@ -15,7 +15,7 @@ import time
 import pytest
 
 from cellrt import ENTRY, NEEDS_REAL_CELLS
-from test_cells_real import AGENT_KEYS, _sh, env, sudo_env, user_run  # noqa: F401 (fixtures)
+from test_cells_real import AGENT_KEYS, _sh, as_user, end_session, env, sudo_env, user_run  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.cells] + NEEDS_REAL_CELLS
 
@@ -184,3 +184,38 @@ def test_the_agent_refuses_every_other_task_form(env, sudo_env):  # noqa: F811
     assert turn(m, s, t["task"], "echo ran").stdout == "ran\n"
     assert user_run(m, ["sudo", "-n", s["agent"], "task", "end", t["task"]]).returncode == 0
     assert records(s) == []
+
+
+def test_a_task_whose_executor_hung_up_mid_turn_is_reclaimed_after_its_ttl(env, sudo_env):  # noqa: F811
+    """The executor's SSH connection drops during a turn (sshd closes the
+    session's pipes): the turn's cell stops (129), the task stays until its
+    TTL passes, then any task command reclaims it: record, slot, files."""
+    s = sudo_env
+    m = s["member"]
+    t = task(m, s, "start", "--ttl", "3")
+    turn(m, s, t["task"], "echo kept > /workspace/partial")
+    keep, give = os.pipe()  # the session's stdout: the test holds its only reader
+    p = as_user(m, [s["chv_cell"], "run", "--task", t["task"], "--", "sh", "-c", "echo started; sleep 60"],
+                stdin=subprocess.DEVNULL, stdout=give, stderr=subprocess.PIPE)
+    os.close(give)
+    try:
+        with os.fdopen(os.dup(keep)) as fh:
+            assert fh.readline() == "started\n"  # the turn's payload really ran
+        os.close(keep)
+        keep = None  # the connection is gone
+        p.wait(timeout=s["pol"]["stop_grace"] + 15)
+    finally:
+        end_session(keep, p)
+    assert p.returncode == 129, p.stderr.read()
+    # within its TTL the task is still there (the executor may come back) ...
+    assert [x["task"] for x in task(m, s, "list")] == [t["task"]]
+    assert os.listdir(slot_dirs(s, t["slot"])[0]) == ["partial"]
+    time.sleep(4)
+    # ... after it, the next task command of anyone reclaims it
+    assert task(m, s, "list") == [] and records(s) == []
+    for d in slot_dirs(s, t["slot"]):
+        assert os.listdir(d) == [], d
+    r = turn(m, s, t["task"], "true", expect=68)
+    assert "expired" in r.stderr
+    r = user_run(m, [s["chv_cell"], "run", "--slot", t["slot"], "--", "echo", "free"])  # the slot is free again
+    assert r.returncode == 0 and r.stdout == "free\n", r.stderr

@@ -20,3 +20,16 @@ def policy(raw_policy):
 
     assert policymod.validate(raw_policy) == []
     return policymod.merged(raw_policy)
+
+
+@pytest.fixture
+def task_policy(policy, tmp_path):
+    """The policy with its state, workspaces and homes in tmp_path, short
+    waits and a task TTL of 100 s (tasks' tests)."""
+    p = dict(policy)
+    p["state_dir"] = str(tmp_path / "state")
+    p["workspace_root"] = str(tmp_path / "ws")
+    p["agent_state_root"] = str(tmp_path / "home")
+    p["claim_timeout"] = 0.2
+    p["task_ttl"] = 100.0
+    return p

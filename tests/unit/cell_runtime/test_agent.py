@@ -45,6 +45,10 @@ TASK_ID = "0123456789abcdef0123456789abcdef"
         (["task", "end", TASK_ID],
          agent.AgentRequest("task", None, None, None, False, False, [], verb="end", task=TASK_ID)),
         (["task", "list"], agent.AgentRequest("task", None, None, None, False, False, [], verb="list")),
+        (["task", "start", "--env-fd", "0", "--ttl", "9"],
+         agent.AgentRequest("task", None, None, None, False, False, [], verb="start", ttl=9.0, env_fd=0)),
+        (["run", "--task", TASK_ID, "--env-fd=5", "--status-fd", "3", "--", "true"],
+         agent.AgentRequest("run", None, None, None, False, False, ["true"], 3, task=TASK_ID, env_fd=5)),
         # everything after the first -- is the payload's, verbatim
         (["run", "--", "--policy", "/x", "--", "status"],
          agent.AgentRequest("run", None, None, None, False, False, ["--policy", "/x", "--", "status"])),
@@ -88,16 +92,23 @@ def test_allowed_shapes(args, expected):
         (["run", "slot0", "--", "true"], "unexpected argument 'slot0'"),
         (["run", "--verbose=1", "--", "true"], "'--verbose=1' is not allowed"),
         # tasks: exactly start [--ttl S], end ID, list; never reap (root's), never --policy
-        (["task"], "task needs one of start, end, list"),
-        (["task", "reap"], "task needs one of start, end, list, not 'reap'"),
+        (["task"], "task needs one of start, end, list, export"),
+        (["task", "reap"], "task needs one of start, end, list, export, not 'reap'"),
         (["task", "--policy", "/x", "start"], "not '--policy'"),
         (["task", "start", "--policy", "/x"], "'--policy' is not allowed for task start"),
         (["task", "start", "--ttl"], "--ttl needs a value"),
         (["task", "start", "--ttl", "0"], "must be > 0"),
         (["task", "start", "--ttl", "604801"], "above the limit"),
         (["task", "start", "--ttl", "1e3"], "plain number"),
-        (["task", "start", "--ttl", "5", "--ttl", "6"], "takes only --ttl"),
-        (["task", "start", "--ttl=5", "x"], "takes only --ttl"),
+        (["task", "start", "--ttl", "5", "--ttl", "6"], "--ttl given twice"),
+        (["task", "start", "--ttl=5", "x"], "option 'x' is not allowed for task start"),
+        (["task", "start", "--env-fd", "0", "--env-fd=0"], "--env-fd given twice"),
+        (["task", "start", "--env-fd", "2"], "must be 0 (stdin) or a file descriptor number from 3"),
+        (["task", "start", "--env-fd"], "--env-fd needs a value"),
+        (["run", "--env-fd", "1", "--", "true"], "must be 0 (stdin)"),
+        (["run", "--env-fd", "1024", "--", "true"], "must be 0 (stdin)"),
+        (["run", "--env-fd", "-0", "--", "true"], "must be 0 (stdin)"),
+        (["run", "--env-fd", "3", "--status-fd", "3", "--", "true"], "two file descriptors"),
         (["task", "list", "--all"], "task list takes no arguments"),
         (["task", "end"], "exactly one task ID"),
         (["task", "end", TASK_ID, TASK_ID], "exactly one task ID"),
@@ -128,12 +139,29 @@ def oracle(args):
             return True
         if len(rest) == 2 and rest[0] == "end":
             return bool(re.fullmatch(r"[0-9a-f]{32}", rest[1]))
-        ttl = None
-        if len(rest) == 3 and rest[:2] == ["start", "--ttl"]:
-            ttl = rest[2]
-        elif len(rest) == 2 and rest[0] == "start" and rest[1].startswith("--ttl="):
-            ttl = rest[1][len("--ttl="):]
-        return ttl is not None and bool(re.fullmatch(num, ttl)) and 0 < float(ttl) <= policymod.TASK_TTL_LIMIT
+        if rest[:1] == ["export"]:
+            if len(rest) < 2 or not re.fullmatch(r"[0-9a-f]{32}", rest[1]):
+                return False
+            tail = rest[2:]
+            if tail[:1] and tail[0].startswith("--max-bytes"):
+                if tail[0] == "--max-bytes" and len(tail) > 1:
+                    value, tail = tail[1], tail[2:]
+                elif tail[0].startswith("--max-bytes="):
+                    value, tail = tail[0][len("--max-bytes="):], tail[1:]
+                else:
+                    return False
+                if not re.fullmatch(r"[1-9][0-9]{0,15}", value):
+                    return False
+            if tail[:1] == ["--"]:
+                tail = tail[1:]
+            elif tail[:1] and tail[0].startswith("-"):
+                return False
+            return 0 < len(tail) <= 64 and all(0 < len(p) <= 4096 and "\0" not in p for p in tail)
+        if rest[:1] != ["start"]:
+            return False
+        start_ok = {"--ttl": lambda v: re.fullmatch(num, v) and 0 < float(v) <= policymod.TASK_TTL_LIMIT,
+                    "--env-fd": ENV_FD_OK}
+        return _oracle_options(rest[1:], start_ok, ()) is not None
     if args and args[0] == "read":
         rest = args[1:]
         if len(rest) >= 2 and rest[0] == "--slot":
@@ -160,23 +188,41 @@ def oracle(args):
         "--timeout": lambda v: re.fullmatch(num, v) and float(v) <= 86400,
         "--runtime-max": lambda v: re.fullmatch(num, v) and 0 < float(v) <= policymod.RUNTIME_MAX_LIMIT,
         "--status-fd": lambda v: re.fullmatch(r"[0-9]{1,4}", v) and 3 <= int(v) <= 1023,
+        "--env-fd": ENV_FD_OK,
     }
-    seen = set()
+    seen = _oracle_options(opts, value_ok, ("-v", "--verbose", "--shared-network"))
+    if seen is None or ("--status-fd" in seen and "--env-fd" in seen
+                        and int(seen["--status-fd"]) == int(seen["--env-fd"])):
+        return False
+    return not {"--slot", "--task"} <= set(seen)
+
+
+def ENV_FD_OK(v):  # noqa: N802 (a value check of the oracle's tables)
+    import re
+
+    return re.fullmatch(r"[0-9]{1,4}", v) and (int(v) == 0 or 3 <= int(v) <= 1023)
+
+
+def _oracle_options(opts, value_ok, flags):
+    """Each option at most once, as ``--opt VALUE`` or ``--opt=VALUE`` (a
+    value ``value_ok`` accepts) or a flag of ``flags``: {option: value}, or
+    None when any token is off."""
+    seen = {}
     i = 0
     while i < len(opts):
         t = opts[i]
-        if t in ("-v", "--verbose", "--shared-network"):
-            key, i = ("-v" if t == "--verbose" else t), i + 1
+        if t in flags:
+            key, value, i = ("-v" if t == "--verbose" else t), True, i + 1
         elif t in value_ok and i + 1 < len(opts) and value_ok[t](opts[i + 1]):
-            key, i = t, i + 2
+            key, value, i = t, opts[i + 1], i + 2
         elif "=" in t and t.split("=", 1)[0] in value_ok and value_ok[t.split("=", 1)[0]](t.split("=", 1)[1]):
-            key, i = t.split("=", 1)[0], i + 1
+            key, value, i = t.split("=", 1)[0], t.split("=", 1)[1], i + 1
         else:
-            return False
+            return None
         if key in seen:
-            return False
-        seen.add(key)
-    return not {"--slot", "--task"} <= seen
+            return None
+        seen[key] = value
+    return seen
 
 
 TOKENS = ["run", "status", "argv", "validate-policy", "--", "-v", "--verbose", "--policy", "--policy=/x", "/x",
@@ -184,7 +230,8 @@ TOKENS = ["run", "status", "argv", "validate-policy", "--", "-v", "--verbose", "
           "--runtime-max", "0.5", "-h", "--help", "--pol", "", "true", "sh", "-c", "--json", "x=y", "--slot=", "nan",
           "read", "--status-fd", "--status-fd=3", "2", "3", "/workspace/r.txt", "-x",
           "task", "start", "end", "list", "reap", "--ttl", "--ttl=60", "604801", "--task", TASK_ID, "--task=" + TASK_ID,
-          TASK_ID.upper(), TASK_ID[:-1]]
+          TASK_ID.upper(), TASK_ID[:-1], "--env-fd", "--env-fd=0", "--env-fd=3",
+          "export", "--max-bytes", "--max-bytes=5"]
 
 
 def _accepted(args):

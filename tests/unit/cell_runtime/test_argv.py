@@ -76,7 +76,7 @@ def test_command_runs_behind_gate(policy):
     a = build(policy, cmd=["sh", "-c", "echo 'x y'", "--weird"])
     tail = a[a.index("--") + 1:]
     assert tail[:2] == ["/bin/sh", "-c"]
-    assert "read -r g < /run/chv-gate" in tail[2] and 'exec "$@"' in tail[2]
+    assert "3</run/chv-gate;" in tail[2] and "read -r chv_g <&3" in tail[2] and 'exec "$@" 3<&-' in tail[2]
     assert tail[3:] == ["chv-gate", "sh", "-c", "echo 'x y'", "--weird"]
 
 

@@ -16,13 +16,8 @@ OWNER, OTHER = 1000, 1001
 
 
 @pytest.fixture
-def pol(policy, tmp_path):
-    p = dict(policy)
-    p["state_dir"] = str(tmp_path / "state")
-    p["workspace_root"] = str(tmp_path / "ws")
-    p["agent_state_root"] = str(tmp_path / "home")
-    p["claim_timeout"] = 0.2
-    p["task_ttl"] = 100.0
+def pol(task_policy):
+    p = task_policy
     return p
 
 

@@ -6,7 +6,7 @@ checks that each is run or excluded with a reason.
 A command is a line of a fenced code block, or an inline code span, whose
 first word is a command the docs tell an operator to type: on the
 controller, from a clone's root (CONTROLLER), or as root on a guest
-(GUEST). In the files of docs/examples (comments), a comment line indented
+(GUEST_PROGRAMS). In the files of docs/examples (comments), a comment line indented
 by two or more spaces after its `#`, or a code span. A trailing `# comment`
 is not part of the command. Output shown in a block (`fatal: ...`, `ok:
 ...`) is not a command: its first word is none of these."""
@@ -22,8 +22,9 @@ DOCS = ("README.md", "docs/operations.md", "docs/lab.md")
 EXAMPLES = "docs/examples"
 CONTROLLER = ("ansible-playbook", "ansible", "ansible-doc", "ansible-galaxy", "ansible-builder", "ansible-inventory",
               "ansible-vault", "make", "pip")
-GUEST = ("chv-cell",)
-_WORD = re.compile(r"^(%s)(\s|$)" % "|".join(re.escape(w) for w in sorted(CONTROLLER + GUEST, key=len, reverse=True)))
+GUEST_PROGRAMS = ("chv-cell",)
+_WORD = re.compile(r"^(%s)(\s|$)" % "|".join(re.escape(w) for w in sorted(CONTROLLER + GUEST_PROGRAMS, key=len,
+                                                                            reverse=True)))
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 # a code span: on one line, or across one line break (prose wraps it)
 _SPAN = re.compile(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)?)`(?!`)")
@@ -110,7 +111,7 @@ def doc_commands():
 
 
 def on_guest(cmd):
-    return cmd.split()[0] in GUEST
+    return cmd.split()[0] in GUEST_PROGRAMS
 
 
 # --- what tests/lab/test_doc_commands.py runs -------------------------------

@@ -23,7 +23,7 @@ def test_the_extractor_finds_commands_in_blocks_spans_and_example_comments():
     found = dc.doc_commands()
     # a fenced block's line, its comment cut off
     lines = [line_of(w) for w in found["ansible-playbook site.yml -i fleet/ --tags health_gate"]]
-    assert [t for t in lines if re.match(r"^ansible-playbook site.yml -i fleet/ --tags health_gate +# audit", t)]
+    assert [t for t in lines if re.match(r"^ansible-playbook site.yml -i fleet/ --tags health_gate +# every host.s gate", t)]
     # a code span in prose (also across a line break)
     assert any(w.startswith("docs/lab.md:") for w in found["ansible-doc -t module chv.fleet_lab.lab_plan"])
     assert "ansible-galaxy collection install chv-fleet-<old>.tar.gz --force" in found

@@ -212,6 +212,11 @@ def test_clone_refusals_beside_the_real_clone(lab):
         r = user_run(lab["member"], [lab["chv_cell"], "run", "--task", t["task"], "--", "git", "-C", "/workspace",
                                      "log", "--format=%s"])
         assert r.returncode == 0 and r.stdout == "commit 2\ncommit 1\n", (r.stdout, r.stderr)
+        # later fetches through the sync door take the clone as it is (its config passes the door's checks)
+        r = user_run(lab["member"], [lab["chv_cell"], "run", "--task", t["task"], "--", "python3", "/app/client.py",
+                                     json.dumps({"op": "sync", "action": "pull", "repo": "."})], timeout=120)
+        reply = json.loads(r.stdout)
+        assert r.returncode == 0 and reply["ok"] and reply["result"]["returncode"] == 0, (r.stdout, r.stderr)
     finally:
         task(lab, "end", t["task"])
 

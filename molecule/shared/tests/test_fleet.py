@@ -148,7 +148,7 @@ def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(t
                          BUSY_RC, workspace[name], BUSY_UNIT, slot, BUSY_RC)
             g.run_expect([0], "for i in $(seq 100); do chv-cell status | grep -q '^%s .*running pid=' && exit 0; "
                               "sleep 0.1; done; exit 1", slot)
-            invocation[name] = g.check_output("systemctl show -P InvocationID chv-broker.socket")
+            invocation[name] = g.check_output("systemctl show -P InvocationID chv-broker.socket chv-broker.service")
     argv = (["ansible-playbook"] + inventory_argv(True) + [str(CONVERGE)]
             + overlay(tmp_path, {"guest-b": {"ansible_port": 1}})
             + ["-e", json.dumps({"chv_broker_read_timeout": 31, "chv_fleet_max_unreachable_percentage": 50})])
@@ -179,7 +179,8 @@ def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(t
             with g.sudo():
                 # the cell ended by itself, with its payload's status; the broker restarted after it
                 assert g.check_output("cat %s", BUSY_RC) == "0"
-                assert g.check_output("systemctl show -P InvocationID chv-broker.socket") != invocation[name]
+                assert g.check_output("systemctl show -P InvocationID chv-broker.socket chv-broker.service") \
+                    != invocation[name]
                 assert json.loads(g.file("/etc/chv-fleet/broker.json").content_string)["read_timeout"] == 31
                 assert not g.file("/run/chv-fleet/cordon").exists  # uncordoned after the gate
         summary = out.split("CHV.FLEET SUMMARY", 1)[1]

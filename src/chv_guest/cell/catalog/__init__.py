@@ -19,7 +19,7 @@ BY_ID: Dict[str, Case] = dict((c.id, c) for c in CASES)
 LIFECYCLE_CASES = tuple(c.id for c in CASES if c.lifecycle)
 # the cases that need every slot free (chv-cell audit --exclusive; otherwise skipped with EXCLUSIVE_SKIP)
 EVERY_SLOT_CASES = tuple(c.id for c in CASES if c.every_slot)
-EXCLUSIVE_SKIP = "needs every slot free: run with --exclusive on an idle host"
+EXCLUSIVE_SKIP = "every slot free: run with --exclusive on an idle host"  # skip() says "needs ..."
 # case id -> the ruleset's counter its drops must move (roles/cell_nat)
 DROP_COUNTERS: Dict[str, str] = dict((c.id, c.drop_counter) for c in CASES if c.drop_counter)
 # case id -> why it is not counter-proven on these guests

@@ -6,7 +6,7 @@ checks that each is run or excluded with a reason.
 A command is a line of a fenced code block, or an inline code span, whose
 first word is a command the docs tell an operator to type: on the
 controller, from a clone's root (CONTROLLER), or as root on a guest
-(GUEST_PROGRAMS). In the files of docs/examples (comments), a comment line indented
+(ON_GUEST). In the files of docs/examples (comments), a comment line indented
 by two or more spaces after its `#`, or a code span. A trailing `# comment`
 is not part of the command. Output shown in a block (`fatal: ...`, `ok:
 ...`) is not a command: its first word is none of these."""
@@ -22,9 +22,8 @@ DOCS = ("README.md", "docs/operations.md", "docs/lab.md")
 EXAMPLES = "docs/examples"
 CONTROLLER = ("ansible-playbook", "ansible", "ansible-doc", "ansible-galaxy", "ansible-builder", "ansible-inventory",
               "ansible-vault", "make", "pip")
-GUEST_PROGRAMS = ("chv-cell",)
-_WORD = re.compile(r"^(%s)(\s|$)" % "|".join(re.escape(w) for w in sorted(CONTROLLER + GUEST_PROGRAMS, key=len,
-                                                                            reverse=True)))
+ON_GUEST = ("chv-cell",)
+_WORD = re.compile(r"^(%s)(\s|$)" % "|".join(re.escape(w) for w in sorted(CONTROLLER + ON_GUEST, key=len, reverse=True)))
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 # a code span: on one line, or across one line break (prose wraps it)
 _SPAN = re.compile(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)?)`(?!`)")
@@ -111,7 +110,7 @@ def doc_commands():
 
 
 def on_guest(cmd):
-    return cmd.split()[0] in GUEST_PROGRAMS
+    return cmd.split()[0] in ON_GUEST
 
 
 # --- what tests/lab/test_doc_commands.py runs -------------------------------
@@ -165,6 +164,26 @@ EXCLUDED = {
                       "(molecule/shared/tests/test_catalog.py)",
 }
 
+# site.yml commands that differ from one run for real here only by options whose effect other suites
+# run on real hosts: each is checked as written, cheaply, with --list-hosts --list-tasks appended (the
+# shell parses it, the playbook loads from the clone with its roles, the inventory and target name the
+# lab guest, the tags select tasks), not run: a run of site.yml costs as much as a converge of a
+# converged guest (docs/operations.md), and make test's lab lane has room for a few only. With the
+# suite that runs what the options do:
+DRY = {
+    "ansible-playbook site.yml -i fleet/ -e '{\"chv_fleet_batches\": [1, 5, \"25%\"]}'":
+        "batches from -e applied: tests/integration/playbooks/test_site_rollout.py",
+    "ansible-playbook site.yml -i fleet/ -e chv_fleet_target='chv_fleet:&rack7'":
+        "a target from -e: tests/integration/playbooks/test_site_rollout.py",
+    "ansible-playbook site.yml -i fleet/ --tags configure":
+        "the configure phase on a converged guest: molecule/shared/tests/test_rollout.py",
+    "ansible-playbook -i <lab inventory> site.yml": "the same run as `ansible-playbook site.yml -i fleet/` (the "
+                                                    "converge here), on the lab's own inventory file",
+    "ansible-playbook -i inventory/ chv.fleet.site": "the same run as `ansible-playbook site.yml -i fleet/`, the "
+                                                     "playbook named by the collection (FQCN): the listing loads it",
+}
+
+
 # Placeholders, filled in: (pattern, replacement, reason).
 PLACEHOLDERS = [
     (r"lab_name=dev -e lab_count=2 \[-e lab_distro=trixie\]", "lab_name=dev -e lab_count=2",
@@ -182,6 +201,7 @@ PLACEHOLDERS = [
      "a reason of this test's"),
     (r" \[--reason TEXT\]", " --reason \"doc commands test\"", "the optional reason, given"),
 ]
+DRY_OPTIONS = " --list-hosts --list-tasks"
 CHECK_UNFILLED = re.compile(r"<[^<>]+>|\.\.\.|\[[^\]]*\]")
 
 
@@ -204,12 +224,14 @@ def unfilled(cmd):
 
 
 def plan():
-    """[(documented command, command to run)] in the order they run."""
+    """[(documented command, command to run)] in the order they run (a DRY one with the listing options)."""
     runs = []
     for cmd in doc_commands():
         if cmd in EXCLUDED:
             continue
         for each in filled(cmd):
+            if cmd in DRY:
+                each += DRY_OPTIONS
             if each not in [r for _d, r in runs]:
                 runs.append((cmd, each))
 

@@ -33,7 +33,7 @@ export ANSIBLE_NOCOLOR := 1
 # The packages cells need (the launcher's own, tests/integration/cells runs it
 # here) have one home, the cell_runtime role's list: read from there.
 CELL_PACKAGES := $(shell sed -n '/^__cell_runtime_packages:/,/^$$/s/^  - \([a-z0-9.+-]*\).*/\1/p' $(ROOT)/roles/cell_runtime/vars/Debian.yml)
-SYS_PACKAGES := $(CELL_PACKAGES) mmdebstrap nftables zstd openssh-client tar python3-venv sudo \
+SYS_PACKAGES := $(CELL_PACKAGES) mmdebstrap nftables zstd openssh-client tar python3-venv sudo squid dnsmasq-base \
                 chromium fonts-dejavu-core libatomic1
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml

@@ -32,6 +32,7 @@ from ansible_collections.chv.fleet.plugins.module_utils import egress_names
 
 PROBE = Path(PROBES) / "egress_probe.py"
 RESOLVER = "198.20.0.1"          # dnsmasq, on the outside network
+SQUID = shutil.which("squid", path="/usr/sbin:/sbin:" + os.environ.get("PATH", "")) or "squid"
 SQUID_UID = 4242                 # the proxy's user (door_uids by the drop-in, as the role writes it)
 PORT = 3128
 NAMES = {"allowed.test": "198.20.1.1", "wild.test": "198.20.1.1", "group.test": "198.20.1.1",
@@ -122,31 +123,52 @@ class ProxyLab(Lab):
         self.load_text(cellnat_lab.render(self.data))
         return self.data, self.proxy
 
+    def _write_conf(self, proxy):
+        """The rendered configuration, where squid (as SQUID_UID) reads it; its path."""
+        conf = self.work / "squid.conf"
+        conf.write_text(render_proxy(proxy, log=str(self.squid_dir / "access.log"),
+                                     pid=str(self.squid_dir / "squid.pid"),
+                                     cache_log=str(self.squid_dir / "cache.log")))
+        run(SQUID, "-k", "parse", "-f", conf)
+        return conf
+
+    def _as_squid(self, *argv):
+        """squid's command line as SQUID_UID in the guest."""
+        return ["ip", "netns", "exec", self.guest, "setpriv", "--reuid=%d" % SQUID_UID, "--regid=%d" % SQUID_UID,
+                "--clear-groups", SQUID] + [str(a) for a in argv]
+
+    def _wait_accepting(self, count):
+        """Until cache.log says squid accepts connections for the count-th time (False: it exited first)."""
+        cache_log = self.squid_dir / "cache.log"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if cache_log.exists() and cache_log.read_text().count("Accepting HTTP Socket connections") >= count:
+                return True
+            if self.squid.poll() is not None:
+                return False
+            time.sleep(0.1)
+        return False
+
     def start_squid(self, proxy=None):
         """squid -N with the rendered configuration, as SQUID_UID in the guest."""
         self.stop_squid()
         for name in ("access.log", "cache.log"):
             (self.squid_dir / name).unlink(missing_ok=True)
-        conf = self.work / "squid.conf"
-        conf.write_text(render_proxy(proxy or self.proxy, log=str(self.squid_dir / "access.log"),
-                                     pid=str(self.squid_dir / "squid.pid"),
-                                     cache_log=str(self.squid_dir / "cache.log")))
-        squid = shutil.which("squid", path="/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
-        run(squid, "-k", "parse", "-f", conf)
-        self.squid = subprocess.Popen(
-            ["ip", "netns", "exec", self.guest, "setpriv", "--reuid=%d" % SQUID_UID, "--regid=%d" % SQUID_UID,
-             "--clear-groups", squid, "-N", "-f", str(conf)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 20
-        cache_log = self.squid_dir / "cache.log"
-        while time.monotonic() < deadline:
-            if cache_log.exists() and "Accepting HTTP Socket connections" in cache_log.read_text():
-                return
-            if self.squid.poll() is not None:
-                break
-            time.sleep(0.1)
-        out = self.squid.stdout.read() if self.squid.poll() is not None else ""
-        raise AssertionError("squid did not start: %s %s" % (out, cache_log.read_text() if cache_log.exists() else ""))
+        conf = self._write_conf(proxy or self.proxy)
+        self.squid = subprocess.Popen(self._as_squid("-N", "-f", conf), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+        if not self._wait_accepting(1):
+            cache_log = self.squid_dir / "cache.log"
+            out = self.squid.stdout.read() if self.squid.poll() is not None else ""
+            raise AssertionError("squid did not start: %s %s" % (out, cache_log.read_text() if cache_log.exists()
+                                                                   else ""))
+
+    def reconfigure_squid(self, proxy):
+        """squid -k reconfigure (the unit's ExecReload) with a new rendering of the configuration."""
+        before = (self.squid_dir / "cache.log").read_text().count("Accepting HTTP Socket connections")
+        run(*self._as_squid("-k", "reconfigure", "-f", self._write_conf(proxy)))
+        if not self._wait_accepting(before + 1):
+            raise AssertionError("squid did not reconfigure: %s" % (self.squid_dir / "cache.log").read_text())
 
     def stop_squid(self):
         if self.squid is not None:

@@ -13,6 +13,10 @@ connect PROXY_HOST PROXY_PORT HOST PORT
 get PROXY_HOST PROXY_PORT URL
         A plain HTTP request for URL through the proxy; prints the same JSON
         (proxy: the status line, body: the body).
+hold PROXY_HOST PROXY_PORT HOST PORT
+        CONNECT HOST:PORT through the proxy and print the proxy's status
+        line; after a line on stdin, a request through the same tunnel:
+        prints the far end's answer's body ("" when none).
 bench HOST PORT COUNT SIZE [PROXY_HOST PROXY_PORT]
         COUNT connections, each to its first answer (connect, and through a
         proxy the CONNECT, then a request), then one transfer of SIZE bytes
@@ -27,6 +31,7 @@ import threading
 import time
 
 TIMEOUT = 5.0
+SERVER_TIMEOUT = 30.0  # a held tunnel's far end waits this long for its request
 
 
 def _head(sock):
@@ -40,30 +45,36 @@ def _head(sock):
     return head.decode("latin-1"), rest
 
 
+def _answer(conn, local):
+    """One connection: the request head, then the bytes asked for or the greeting."""
+    try:
+        conn.settimeout(SERVER_TIMEOUT)
+        head, _rest = _head(conn)
+        path = (head.split(" ") + ["", ""])[1]
+        if path.startswith("/bytes/"):
+            size = int(path[len("/bytes/"):])
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+            block = b"\0" * 65536
+            while size > 0:
+                conn.sendall(block[:size])
+                size -= len(block)
+        else:
+            body = ("hello from %s" % local).encode()
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
 def _serve(sock, log, lock):
+    """Log each connection before reading a byte of it, answer it in a thread of its own."""
     local = "%s:%d" % sock.getsockname()[:2]
     while True:
         conn, peer = sock.accept()
         with lock, open(log, "a") as out:
             out.write("%s %s\n" % (local, peer[0]))
-        try:
-            conn.settimeout(TIMEOUT)
-            head, _rest = _head(conn)
-            path = (head.split(" ") + ["", ""])[1]
-            if path.startswith("/bytes/"):
-                size = int(path[len("/bytes/"):])
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
-                block = b"\0" * 65536
-                while size > 0:
-                    conn.sendall(block[:size])
-                    size -= len(block)
-                continue
-            body = ("hello from %s" % local).encode()
-            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-        except OSError:
-            pass
-        finally:
-            conn.close()
+        threading.Thread(target=_answer, args=(conn, local), daemon=True).start()
 
 
 def target(log, specs):
@@ -148,6 +159,21 @@ def _open(host, port, proxy):
     return sock
 
 
+def hold(proxy_host, proxy_port, host, port):
+    sock = socket.create_connection((proxy_host, int(proxy_port)), timeout=TIMEOUT)
+    with sock:
+        sock.sendall(("CONNECT %s:%s HTTP/1.1\r\nHost: %s:%s\r\n\r\n" % (host, port, host, port)).encode())
+        head, rest = _head(sock)
+        print(head.split("\r\n", 1)[0], flush=True)
+        sys.stdin.readline()
+        try:
+            sock.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % host).encode())
+            answer = rest + _read_all(sock)
+        except OSError:
+            answer = b""
+        print(answer.partition(b"\r\n\r\n")[2].decode("latin-1"), flush=True)
+
+
 def bench(host, port, count, size, *proxy):
     latency = []
     for _i in range(int(count)):
@@ -167,6 +193,8 @@ def bench(host, port, count, size, *proxy):
 if __name__ == "__main__":
     if sys.argv[1] == "target":
         target(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "hold":
+        hold(*sys.argv[2:6])
     elif sys.argv[1] == "bench":
         print(json.dumps(bench(*sys.argv[2:])))
     elif sys.argv[1] == "connect":

@@ -12,13 +12,14 @@ Nothing leaves the namespaces."""
 
 import ipaddress
 import json
+import subprocess
 import sys
 
 import pytest
 
 import egress_lab
 from cellnat_lab import run
-from egress_lab import PORT, PROBE, RESOLVER, ProxyLab
+from egress_lab import ENTRIES, PORT, PROBE, RESOLVER, ProxyLab
 
 from chv_guest.cell import argv as argvmod
 from chv_guest.cell import egresslog
@@ -197,3 +198,26 @@ def test_the_launcher_starts_a_proxy_cell_only_under_the_proxy_modes_table(plab)
         assert item.startswith("the proxy mode (counter drop_proxy_mode;")
     finally:
         plab.apply_proxy()
+
+
+def test_a_new_list_applies_to_new_connections_and_open_tunnels_stay(plab):
+    """squid -k reconfigure (chv-egress-proxy.service's ExecReload, the role's handler for a new
+    configuration): a name taken off the list is refused from then on, a tunnel opened before goes on."""
+    lab = plab
+    held = subprocess.Popen(["ip", "netns", "exec", lab.cell_a, sys.executable, str(PROBE), "hold",
+                             lab.slots[0]["gateway"], str(PORT), "allowed.test", "443"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline().strip() == "HTTP/1.1 200 Connection established"
+        _data, narrower = lab.plan_proxy(egress_names={"": [e for e in ENTRIES if e != "allowed.test"]})
+        lab.reconfigure_squid(narrower)
+        assert lab.connect(lab.cell_a, "allowed.test")["proxy"].startswith("HTTP/1.1 403 ")   # off the list now
+        assert lab.connect(lab.cell_a, "sub.wild.test")["body"] == "hello from 198.20.1.1:443"  # control: still on
+        held.stdin.write("go\n")
+        held.stdin.flush()
+        assert held.stdout.readline().strip() == "hello from 198.20.1.1:443"                   # the open tunnel
+    finally:
+        held.kill()
+        held.wait()
+        lab.reconfigure_squid(lab.proxy)
+    assert lab.connect(lab.cell_a, "allowed.test")["body"] == "hello from 198.20.1.1:443"

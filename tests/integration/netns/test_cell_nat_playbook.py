@@ -188,6 +188,7 @@ def test_bad_names_and_modes_fail_before_any_change(lab, tmp_path):
         dict(base, cell_nat_egress_names_group=[{"name": "ghcr.io", "slot_group": "builders"}]),
         dict(base, cell_nat_egress_mode="squid"),
         dict(base, cell_nat_slot_groups={"second": ["slot7"]}),
+        dict(base, cell_nat_proxy_log_dir="/srv/proxy-logs"),
         # control: a good list passes the checks; cell_nat_strict beside a foreign drop chain stops it next
         dict(base, cell_nat_egress_names=["pypi.org", {"name": "*.pythonhosted.org"},
                                           {"name": "ghcr.io", "slot_group": "second", "port": 443}],
@@ -216,5 +217,7 @@ def test_bad_names_and_modes_fail_before_any_change(lab, tmp_path):
     assert outcomes[4]["msg"].startswith("cell_nat_slot_groups.second: slot7 is no slot of this host")
     for i in (0, 1, 2, 4):
         assert outcomes[i]["task"] == validate
-    assert outcomes[5]["task"] == "Refuse to continue beside firewall chains that may drop cell traffic (cell_nat_strict)"
+    assert outcomes[5]["task"] == "Check the egress proxy's log directory"
+    assert outcomes[5]["msg"].startswith('cell_nat_proxy_log_dir: "/srv/proxy-logs" must be a directory under /var/log')
+    assert outcomes[6]["task"] == "Refuse to continue beside firewall chains that may drop cell traffic (cell_nat_strict)"
     assert not (tmp_path / "etc").exists() and not (tmp_path / "sysctl.conf").exists()

@@ -316,8 +316,8 @@ def iter_entries(entries, label, key, keys, shape):
             raise CellNatError("%s: %r is not %s" % (item, raw, shape))
         unknown = set(raw) - set(keys)
         if unknown:
-            raise CellNatError("%s: unknown keys %s (allowed: %s)" % (item, ", ".join(sorted(unknown)),
-                                                                       ", ".join(keys)))
+            raise CellNatError("%s: unknown keys %s (allowed: %s)"
+                               % (item, ", ".join(sorted(unknown)), ", ".join(keys)))
         if key not in raw:
             raise CellNatError("%s: '%s' is required" % (item, key))
         yield item, key_label, raw

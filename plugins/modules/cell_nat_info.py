@@ -140,7 +140,7 @@ options:
     default: {}
   slot_groups:
     description:
-      - Named sets of slots (C({builders: [slot0, slot1]})) an entry of O(egress_names) may be limited to.
+      - "Named sets of slots (C({builders: [slot0, slot1]})) an entry of O(egress_names) may be limited to."
     type: dict
     default: {}
   proxy_port:

@@ -33,8 +33,9 @@ export ANSIBLE_NOCOLOR := 1
 # The packages cells need (the launcher's own, tests/integration/cells runs it
 # here) have one home, the cell_runtime role's list: read from there.
 CELL_PACKAGES := $(shell sed -n '/^__cell_runtime_packages:/,/^$$/s/^  - \([a-z0-9.+-]*\).*/\1/p' $(ROOT)/roles/cell_runtime/vars/Debian.yml)
-# lighttpd: the authenticated git server (git http-backend) of tests/integration/cells' tasks.
-SYS_PACKAGES := $(CELL_PACKAGES) mmdebstrap nftables zstd openssh-client tar python3-venv sudo \
+# lighttpd, git: the authenticated git server (git http-backend) of tests/integration/cells' tasks;
+# squid, dnsmasq-base: the egress proxy and the resolver stand-in of tests/integration/netns.
+SYS_PACKAGES := $(CELL_PACKAGES) mmdebstrap nftables zstd openssh-client tar python3-venv sudo squid dnsmasq-base \
                 chromium fonts-dejavu-core libatomic1 lighttpd git
 DEMO_LAB ?= demo
 DEMO_INVENTORY = /var/lib/chv-fleet-lab/$(DEMO_LAB)/inventory.yml

@@ -297,6 +297,32 @@ def split_allow(allow):
     return carve, general
 
 
+def iter_entries(entries, label, key, keys, shape):
+    """(the entry's label, its ``key``'s label, the mapping) for each entry
+    of a list of mappings with ``key`` (a string stands for ``{key: it}``),
+    refusing a list that is none, an entry that is no mapping (``shape``
+    says what it should be), unknown keys and a missing ``key``, naming the
+    variable ``label`` and the entry's index."""
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise CellNatError("%s: must be a list of entries, got %r" % (label, entries))
+    for idx, raw in enumerate(entries):
+        item = "%s[%d]" % (label, idx)
+        key_label = "%s.%s" % (item, key)
+        if isinstance(raw, str):
+            raw, key_label = {key: raw}, item
+        if not isinstance(raw, dict):
+            raise CellNatError("%s: %r is not %s" % (item, raw, shape))
+        unknown = set(raw) - set(keys)
+        if unknown:
+            raise CellNatError("%s: unknown keys %s (allowed: %s)"
+                               % (item, ", ".join(sorted(unknown)), ", ".join(keys)))
+        if key not in raw:
+            raise CellNatError("%s: '%s' is required" % (item, key))
+        yield item, key_label, raw
+
+
 def parse_egress_list(entries, label, allow=False):
     """Validate one allow/deny list; return a list of EgressEntry.
 
@@ -304,24 +330,9 @@ def parse_egress_list(entries, label, allow=False):
     special-purpose range) may overlap its other entries: they open
     different addresses (split_allow), so they never compete.
     """
-    if entries is None:
-        return []
-    if not isinstance(entries, list):
-        raise CellNatError("%s: must be a list of entries, got %r" % (label, entries))
     result = []
-    for idx, raw in enumerate(entries):
-        item_label = "%s[%d]" % (label, idx)
-        cidr_label = item_label + ".cidr"
-        if isinstance(raw, str):
-            raw, cidr_label = {"cidr": raw}, item_label
-        if not isinstance(raw, dict):
-            raise CellNatError("%s: %r is not a mapping with 'cidr' (and optional 'proto', 'ports')" % (item_label, raw))
-        unknown = set(raw) - set(("cidr", "proto", "ports", "comment"))
-        if unknown:
-            raise CellNatError("%s: unknown keys %s (allowed: cidr, proto, ports, comment)" % (
-                item_label, ", ".join(sorted(unknown))))
-        if "cidr" not in raw:
-            raise CellNatError("%s: 'cidr' is required" % item_label)
+    for item_label, cidr_label, raw in iter_entries(entries, label, "cidr", ("cidr", "proto", "ports", "comment"),
+                                                    "a mapping with 'cidr' (and optional 'proto', 'ports')"):
         cidr = raw["cidr"]
         if isinstance(cidr, str) and not _IPV4ISH_RE.match(cidr) and not _is_ip_network(cidr):
             raise CellNatError("%s: %r is neither an IPv4 CIDR nor an address (host names, URLs and host:port are "

@@ -121,6 +121,32 @@ options:
       - Where chv-cell-nat.service writes the sha256sum lines of the files it last loaded, O(ruleset_file)
         and the C(*.nft) drop-ins of O(door_dir) (see RV(ruleset_applied)).
     type: path
+  egress_mode:
+    description:
+      - C(cidr), the IP policy of O(egress_allow) and O(egress_deny) for the cells' own packets; or C(proxy),
+        in which the ruleset drops every packet a cell sends past the guest (DNS included) and admits only its
+        connections to the egress proxy on its own gateway, port O(proxy_port); RV(proxy) is then squid's data.
+    type: str
+    choices: [cidr, proxy]
+    default: cidr
+  egress_names:
+    description:
+      - The names the proxy lets cells reach, by layer; keys C(_default), C(""), C(_group), C(_host) (the suffixes
+        of the role's C(cell_nat_egress_names) variables), each a list of names or of mappings with C(name)
+        (C(host.example.com), or C(*.example.com) for any name under example.com), C(port) (443),
+        C(slot_group) (a key of O(slot_groups)) and C(comment). Checked in both modes; errors name the layer's
+        variable, the entry's index and the value.
+    type: dict
+    default: {}
+  slot_groups:
+    description:
+      - "Named sets of slots (C({builders: [slot0, slot1]})) an entry of O(egress_names) may be limited to."
+    type: dict
+    default: {}
+  proxy_port:
+    description: The port the egress proxy listens on (on every address; the ruleset admits only cells to it).
+    type: int
+    default: 3128
 notes:
   - Uses C(ip) from iproute2 and, when installed, C(nft). Without C(nft) (fresh host in check
     mode) no conflicts can be listed and a warning says so.
@@ -229,6 +255,13 @@ ruleset:
     allow_mode:
       description: Whether the allow list is active.
       type: bool
+    egress_mode:
+      description: O(egress_mode).
+      type: str
+proxy:
+  description: Data rendered by the role's C(egress-proxy.conf.j2) template (squid's configuration); null in cidr mode.
+  returned: success
+  type: dict
 """
 
 import glob
@@ -242,9 +275,9 @@ from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import (
     conflict_message,
     detect_conflicts,
     table_loaded,
-    plan,
     slots_from_ledger,
 )
+from ansible_collections.chv.fleet.plugins.module_utils.egress_names import plan
 
 
 def _interfaces():
@@ -303,6 +336,10 @@ def main():
             var_prefix=dict(type="str", default=""),
             ruleset_file=dict(type="path"),
             applied_digests=dict(type="path"),
+            egress_mode=dict(type="str", default="cidr", choices=["cidr", "proxy"]),
+            egress_names=dict(type="dict", default={}),
+            slot_groups=dict(type="dict", default={}),
+            proxy_port=dict(type="int", default=3128),
         ),
         supports_check_mode=True,
     )
@@ -328,12 +365,15 @@ def main():
         route_json = out
 
     try:
-        data = plan(dict(p, slots=slots), _interfaces(), route_json, prefix)
+        data, proxy = plan(dict(p, slots=slots), _interfaces(), route_json, prefix)
     except CellNatError as exc:
         module.fail_json(msg=str(exc))
     except ValueError as exc:
         module.fail_json(msg="cannot parse ip -j route output: %s" % exc)
 
+    if data["egress_mode"] == "cidr" and any(p["egress_names"].values()):
+        module.warn("%segress_names lists names but %segress_mode is cidr: names are enforced only by the "
+                    "egress proxy (%segress_mode: proxy)" % (prefix, prefix, prefix))
     if data["allow_mode"] and not data["dns_resolvers"] and not data["dns_via_gateway"]:
         module.warn("%segress_allow is set but no DNS resolver is listed (%sdns_resolvers) and "
                     "%sdns_via_gateway is off: cells can resolve names only through an allow entry "
@@ -368,6 +408,7 @@ def main():
         ruleset_applied=loaded and ruleset_applied(p["ruleset_file"], p["door_dir"], p["applied_digests"]),
         ip_forward=_ip_forward(),
         ruleset=data,
+        proxy=proxy,
     )
 
 

@@ -157,17 +157,41 @@ def host_path_of(cell_path: str, policy: Policy, slot: Slot,
     return src + cell_path[len(tgt):]
 
 
+# What never goes through the egress proxy: the cell's own loopback.
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+def proxy_environment(policy: Policy, slot: Slot) -> Dict[str, str]:
+    """With the policy's egress_proxy, the variables git, pip, npm, curl and
+    the model clients read to use a proxy (both cases: curl reads only the
+    lower-case http_proxy), pointing at the proxy on the slot's own gateway;
+    without it, none. A client that ignores them finds no route (the guest
+    drops every other packet of the cell) and no resolver."""
+    proxy = policy.get("egress_proxy")
+    if not proxy:
+        return {}
+    url = "http://%s:%d" % (slot["gateway"], proxy["port"])
+    env = {}
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = url
+    env["NO_PROXY"] = env["no_proxy"] = NO_PROXY
+    return env
+
+
 def cell_environment(policy: Policy, slot: Slot) -> Dict[str, str]:
     """The variables every cell gets, which the policy's setenv cannot change:
-    CHV_CELL=1, CHV_SLOT, and the agent's HOME (agent_home), USER and LOGNAME
-    (agent_user)."""
-    return {
+    CHV_CELL=1, CHV_SLOT, the agent's HOME (agent_home), USER and LOGNAME
+    (agent_user), and with an egress proxy the proxy variables
+    (proxy_environment)."""
+    env = {
         "CHV_CELL": "1",
         "CHV_SLOT": slot["name"],
         "HOME": policy["agent_home"],
         "USER": policy["agent_user"],
         "LOGNAME": policy["agent_user"],
     }
+    env.update(proxy_environment(policy, slot))
+    return env
 
 
 def build_argv(policy: Policy, slot: Slot, command: Sequence[str], facts: HostFacts) -> List[str]:

@@ -189,7 +189,7 @@ def check_ruleset(policy: policymod.Policy, slot: policymod.Slot, listing_proc: 
             raise SetupError("%s failed (exit %d): %s%s" % (" ".join(cmd), r.returncode, message, tail))
         listing = None
     try:
-        items = rulesetmod.missing(listing, slot["host_ifname"])
+        items = rulesetmod.missing(listing, slot["host_ifname"], proxy=bool(policy["egress_proxy"]))
     except rulesetmod.RulesetError as exc:
         raise SetupError("%s%s" % (exc, tail))
     if items:

@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import audit as auditmod  # noqa: PLC0415
     from . import catalog  # noqa: PLC0415
     from . import counterproof  # noqa: PLC0415
+    from . import egresslog  # noqa: PLC0415
     from . import health as healthmod  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(
@@ -198,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
               "port %d, always is)" % healthmod.GUEST_PROBE_PORT)
     h.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a free slot (default 30)")
     h.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+    eg = sub.add_parser("egress-log", allow_abbrev=False,
+                        help="the egress proxy's counters per slot and verdict (allowed, denied, failed), from its "
+                        "audit log (proxy mode, docs/network.md)")
+    eg.add_argument("--log", default=egresslog.DEFAULT_LOG, help="the log to read (default %(default)s)")
+    eg.add_argument("--json", action="store_true", help="print JSON")
 
     lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     u = sub.add_parser("audit", allow_abbrev=False,
@@ -376,6 +383,20 @@ def drain(ns: argparse.Namespace, pol: policymod.Policy) -> int:
     return exits.EXIT_BUSY if running else 0
 
 
+def egress_log(path: str, as_json: bool) -> int:
+    """chv-cell egress-log: the proxy's counters per slot and verdict."""
+    from . import egresslog  # noqa: PLC0415 (see the imports above)
+
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as stream:
+            text, _other = egresslog.report(stream, as_json)
+    except OSError as exc:
+        logmod.log("egress-log: cannot read %s: %s (is this guest in proxy mode?)" % (path, exc.strerror))
+        return exits.EXIT_CONFIG
+    sys.stdout.write(text)
+    return 0
+
+
 def fast_run(verbose: bool, rest: Sequence[str]) -> Optional[int]:
     """Root's ``chv-cell [-v] run OPTIONS -- CMD`` with the installed policy,
     in the form the agent accepts (agent.parse_agent_args), without
@@ -420,11 +441,13 @@ def main(args: Optional[Sequence[str]] = None, euid: Optional[int] = None) -> in
 
         sys.stdout.write(counterproof.catalog_markdown())
         return 0
-    if euid != 0 and ns.action in ("health", "audit", "warm", "cordon", "uncordon", "drain"):
+    if euid != 0 and ns.action in ("health", "audit", "warm", "cordon", "uncordon", "drain", "egress-log"):
         logmod.log("chv-cell %s runs as root only" % ns.action)
         return exits.EXIT_CONFIG
     if ns.policy is None:
         ns.policy = policymod.DEFAULT_POLICY_PATH
+    if ns.action == "egress-log":
+        return egress_log(ns.log, ns.json)
 
     if ns.action == "validate-policy":
         path = ns.path or ns.policy

@@ -183,6 +183,12 @@ DEFAULTS = {
     "health_slot": None,
     # chv-cell read (chv_cell/slotfiles.py): the largest file it copies out of a slot
     "read_max_bytes": 64 * 1024 * 1024,
+    # Egress by name (docs/network.md "Egress by name"): None, the cell's own
+    # packets go out under the CIDR policy; {"port": N}, the guest's ruleset
+    # lets a cell reach only the egress proxy on its own gateway, port N: the
+    # cell gets the proxy variables (argv.cell_environment) and no resolver.
+    # Role variables chv_cell_egress_mode and chv_cell_egress_proxy_port.
+    "egress_proxy": None,
     "slots": [],
 }
 READ_MAX_BYTES_LIMIT = 1 << 40  # read_max_bytes: at most 1 TiB
@@ -632,6 +638,7 @@ def validate(obj: object) -> List[str]:
         errors.append("read_max_bytes: must be a whole number of bytes between 1 and %d (role variable "
                       "chv_cell_read_max_bytes)" % READ_MAX_BYTES_LIMIT)
 
+    _check_egress_proxy(p, platform, errors)
     _check_disk(p, platform, errors)
     _check_agent(p, errors)
     if platform == "darwin":
@@ -641,6 +648,20 @@ def validate(obj: object) -> List[str]:
     _check_warm(p, errors)
     _check_health_slot(p, errors)
     return errors
+
+
+def _check_egress_proxy(p: Policy, platform: Optional[str], errors: List[str]) -> None:
+    """egress_proxy: None, or {"port": 1-65535} on Linux."""
+    v = p["egress_proxy"]
+    if v is None:
+        return
+    port = v.get("port") if isinstance(v, dict) else None
+    if not isinstance(v, dict) or set(v) != {"port"} or isinstance(port, bool) or not isinstance(port, int) \
+            or not 1 <= port <= 65535:
+        errors.append("egress_proxy: %r must be null or {\"port\": 1-65535} (role variables chv_cell_egress_mode, "
+                      "chv_cell_egress_proxy_port)" % (v,))
+    elif platform == "darwin":
+        errors.append("egress_proxy: the proxy mode is not implemented on macOS (role variable chv_cell_egress_mode)")
 
 
 def _check_disk(p: Policy, platform: Optional[str], errors: List[str]) -> None:

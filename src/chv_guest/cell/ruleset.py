@@ -68,11 +68,19 @@ def set_elements(body: Dict[str, Any]) -> List[Any]:
     return out
 
 
-def missing(listing: Optional[str], host_ifname: str) -> List[str]:
+# The counter only a proxy-mode ruleset has (its from_cell chain drops every
+# packet into it; docs/network.md "Egress by name").
+PROXY_MODE_COUNTER = "drop_proxy_mode"
+
+
+def missing(listing: Optional[str], host_ifname: str, proxy: bool = False) -> List[str]:
     """What the slot ``host_ifname`` needs and the listing lacks.
 
     ``listing`` is nft's JSON text, or None when nft said the table does not
-    exist.  Raises RulesetError when the text is not an nft JSON listing.
+    exist.  ``proxy``: the policy's egress_proxy is set, so the table must be
+    the proxy mode's (a cell given the proxy variables under the cidr
+    ruleset would still have its own way out).  Raises RulesetError when the
+    text is not an nft JSON listing.
     """
     if listing is None:
         return ["nftables table %s %s is not loaded (is %s active?)" % (FAMILY, TABLE, SERVICE)]
@@ -90,6 +98,9 @@ def missing(listing: Optional[str], host_ifname: str) -> List[str]:
         out.append("set %s in table %s %s" % (IFNAME_SET, FAMILY, TABLE))
     elif host_ifname not in set_elements(sets[0]):
         out.append("interface %s in set %s of table %s %s" % (host_ifname, IFNAME_SET, FAMILY, TABLE))
+    if proxy and not any(k == "counter" and _ours(b) and b.get("name") == PROXY_MODE_COUNTER for k, b in objs):
+        out.append("the proxy mode (counter %s; the policy's egress_proxy is set but table %s %s is cidr mode's: "
+                   "cell_nat_egress_mode and chv_cell_egress_mode differ)" % (PROXY_MODE_COUNTER, FAMILY, TABLE))
     return out
 
 

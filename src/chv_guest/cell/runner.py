@@ -129,7 +129,11 @@ class Launcher(launchermod.Launcher):
         for parts in argvmod.alias_mountpoints(p):
             ensure_dir_beneath(paths["agent_state"], parts, 0o755, slot["uid_base"])
         if not shared_network:
-            servers, search = resolver.host_upstream(p["dns_servers"], p["dns_search"])
+            # proxy mode: no resolver at all (the proxy resolves; the guest drops the cell's DNS)
+            servers: List[str] = []
+            search: List[str] = []
+            if not p["egress_proxy"]:
+                servers, search = resolver.host_upstream(p["dns_servers"], p["dns_search"])
             ensure_dir(paths["net_dir"], 0o755)
             write_atomic(paths["resolv_conf"], resolver.render_resolv_conf(servers, search), 0o644)
             write_atomic(paths["hosts"], resolver.render_hosts(slot["machine"], slot["address"]), 0o644)

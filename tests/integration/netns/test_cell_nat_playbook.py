@@ -174,3 +174,50 @@ def test_invalid_variables_fail_before_any_change(lab, tmp_path):
     before = proc.stdout.split("changed: [localhost]")[0]
     assert before.rsplit("TASK [", 1)[1].startswith("Report]")
     assert not (tmp_path / "etc").exists() and not (tmp_path / "sysctl.conf").exists()
+
+
+def test_bad_names_and_modes_fail_before_any_change(lab, tmp_path):
+    """Egress by name: each layer of cell_nat_egress_names is checked on its own, naming the layer's
+    variable, the entry and the value; the mode by the argument spec; a good list passes (control)."""
+    base = {"cell_nat_slots": lab.slots, "cell_nat_config_dir": str(tmp_path / "etc"),
+            "cell_nat_sysctl_file": str(tmp_path / "sysctl.conf"), "cell_nat_egress_mode": "proxy",
+            "cell_nat_dns_resolvers": ["198.20.0.1"], "cell_nat_slot_groups": {"second": ["slot1"]}}
+    cases = [
+        dict(base, cell_nat_egress_names_default=["pypi.org", "203.0.113.7"]),
+        dict(base, cell_nat_egress_names_host=[{"name": "https://pypi.org/simple"}]),
+        dict(base, cell_nat_egress_names_group=[{"name": "ghcr.io", "slot_group": "builders"}]),
+        dict(base, cell_nat_egress_mode="squid"),
+        dict(base, cell_nat_slot_groups={"second": ["slot7"]}),
+        dict(base, cell_nat_proxy_log_dir="/srv/proxy-logs"),
+        # control: a good list passes the checks; cell_nat_strict beside a foreign drop chain stops it next
+        dict(base, cell_nat_egress_names=["pypi.org", {"name": "*.pythonhosted.org"},
+                                          {"name": "ghcr.io", "slot_group": "second", "port": 443}],
+             cell_nat_strict=True),
+    ]
+    text = CASES.format(tmp=tmp_path, cases="".join(CASE.format(n=i, vars=json.dumps(c)) for i, c in enumerate(cases)))
+    lab.nft("add table ip te_foreign; add chain ip te_foreign FORWARD "
+            "{ type filter hook forward priority 0; policy drop; }")
+    try:
+        proc = playbook(lab, tmp_path, text, "--check")
+    finally:
+        run("nft", "delete", "table", "ip", "te_foreign", ns=lab.guest)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outcomes = json.loads((tmp_path / "outcomes.json").read_text())
+    print("\n".join("%s: %s" % (o["task"], o["msg"]) for o in outcomes))
+    assert len(outcomes) == len(cases)
+    validate = "Validate the policy, discover the uplink and list foreign firewall chains"
+    assert outcomes[0]["msg"] == ("cell_nat_egress_names_default[1]: '203.0.113.7' is an IP address, not a name: "
+                                  "addresses go in cell_nat_egress_allow (a CIDR), names here")
+    assert outcomes[1]["msg"].startswith("cell_nat_egress_names_host[0].name: 'https://pypi.org/simple' is not a "
+                                         "host name")
+    assert outcomes[2]["msg"].startswith("cell_nat_egress_names_group[0].slot_group: 'builders' is not a group of "
+                                         "cell_nat_slot_groups (has: second)")
+    assert outcomes[3]["task"].startswith("Validating arguments against arg spec 'main'")
+    assert any("cell_nat_egress_mode" in e for e in outcomes[3]["errors"]), outcomes[3]
+    assert outcomes[4]["msg"].startswith("cell_nat_slot_groups.second: slot7 is no slot of this host")
+    for i in (0, 1, 2, 4):
+        assert outcomes[i]["task"] == validate
+    assert outcomes[5]["task"] == "Check the egress proxy's log directory"
+    assert outcomes[5]["msg"].startswith('cell_nat_proxy_log_dir: "/srv/proxy-logs" must be a directory under /var/log')
+    assert outcomes[6]["task"] == "Refuse to continue beside firewall chains that may drop cell traffic (cell_nat_strict)"
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "sysctl.conf").exists()

@@ -152,3 +152,19 @@ def test_membership_property(members, probe):
             o["set"]["elem"] = members
     items = ruleset.missing(text(doc), probe)
     assert (items == []) == (probe in members)
+
+
+PROXY_COUNTER = {"counter": {"family": "inet", "name": "drop_proxy_mode", "table": "chv_cell", "handle": 9,
+                             "comment": "cell packets forwarded past the guest in proxy mode (every one)",
+                             "packets": 0, "bytes": 0}}
+
+
+def test_a_proxy_policy_needs_the_proxy_modes_table():
+    """With the policy's egress_proxy, a cidr-mode table (a cell would get the proxy variables and still
+    its own way out) is refused; the proxy mode's table (its counter drop_proxy_mode) covers the slot."""
+    (item,) = ruleset.missing(text(FULL), "lth20", proxy=True)
+    assert item.startswith("the proxy mode (counter drop_proxy_mode;") and "chv_cell_egress_mode" in item
+    proxy_table = copy.deepcopy(FULL)
+    proxy_table["nftables"].append(PROXY_COUNTER)
+    assert ruleset.missing(text(proxy_table), "lth20", proxy=True) == []
+    assert ruleset.missing(text(FULL), "lth20") == []                 # control: cidr policy, cidr table

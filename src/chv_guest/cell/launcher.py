@@ -52,8 +52,8 @@ def run_event(record: "StatusRecord", started_after: Optional[float], task: Opti
     fields: Dict[str, Any] = dict(record)
     fields["start_ms"] = None if started_after is None else round(started_after * 1000, 1)
     fields["task"] = task
-    message = "%s: %s, exit %d%s" % (record["slot"] or "no slot", record["verdict"], record["exit"],
-                                    "" if started_after is None else ", payload started after %.3fs" % started_after)
+    latency = "" if started_after is None else ", payload started after %.3fs" % started_after
+    message = "%s: %s, exit %d%s" % (record["slot"] or "no slot", record["verdict"], record["exit"], latency)
     return journal.entry(message, "chv-cell", RUN_EVENT, fields)
 
 

@@ -158,6 +158,12 @@ BAD_INPUT = [
     pytest.param({"chv_browser_broker_group": "web"}, None,
                  'chv_browser_broker_group=\\"web\\" and chv_broker_group=\\"chv-broker\\"',
                  id="cross-role-conflict"),
+    # egress by name (docs/network.md): a name that is an address; one role in proxy mode, the other not
+    pytest.param({"cell_nat_egress_names_host": ["pypi.org", "203.0.113.7"]}, None,
+                 "cell_nat_egress_names_host[1]: '203.0.113.7' is an IP address, not a name", id="egress-name-ip"),
+    pytest.param({"cell_nat_egress_mode": "proxy"}, None,
+                 'cell_nat_egress_mode=\\"proxy\\" and chv_cell_egress_mode=\\"cidr\\" must be equal',
+                 id="egress-mode-mismatch"),
     # more refusals, not classes of the table's own: a count, a bound, a forbidden argument, a browser
     # path cells could see, every slot's cell at its MemoryMax more than the host's memory (preflight)
     pytest.param({"chv_cell_slots": 0}, None, "chv_cell_slots 0 must be a count >= 1", id="slots-zero"),

@@ -113,6 +113,25 @@ def test_good_values_would_change_the_guest(guest):
     assert traces() == ""
 
 
+def test_good_values_in_proxy_mode_would_change_the_guest(guest):
+    """Egress by name on the same fresh guest, in check mode, the cell_nat role only (--tags: every role's
+    checks run all the same): squid is not there yet (nor its user, unit or configuration); the run gets
+    past every check, reports the proxy's install, and changes nothing."""
+    proxy = {"chv_cell_egress_mode": "proxy", "cell_nat_egress_names": ["pypi.org", {"name": "*.example.net",
+                                                                                     "port": 80}]}
+    proc, counts = site("--check", "--diff", "--tags", "cell_nat", "-e", json.dumps(proxy))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert counts["failed"] == 0, counts
+    blocks = proc.stdout.split("\nTASK [")                                 # a task's output, its diff included
+    for task in ("Mask Debian's squid.service", "Install the packages the role needs (only those missing), for "
+                 "the egress proxy of chv.fleet.cell_nat", "Create the egress proxy's system user",
+                 "Render the egress proxy's configuration and unit"):
+        assert [b for b in blocks if re.match(r"chv\.fleet\.\w+ : %s" % re.escape(task), b)
+                and "\nchanged: [lsite1]" in b], task
+    assert "http_access allow chv_cells chv_name_1 chv_port_80" in proc.stdout       # the diff of squid.conf
+    assert traces() == ""
+
+
 # One case per class of bad input (docs/reliability.md, "Bad input refused
 # before any change", lists them): each needle holds the variable's name and
 # the bad value as the failure prints them (JSON-escaped). host_vars go into
@@ -158,6 +177,12 @@ BAD_INPUT = [
     pytest.param({"chv_browser_broker_group": "web"}, None,
                  'chv_browser_broker_group=\\"web\\" and chv_broker_group=\\"chv-broker\\"',
                  id="cross-role-conflict"),
+    # egress by name (docs/network.md): a name that is an address; one role in proxy mode, the other not
+    pytest.param({"cell_nat_egress_names_host": ["pypi.org", "203.0.113.7"]}, None,
+                 "cell_nat_egress_names_host[1]: '203.0.113.7' is an IP address, not a name", id="egress-name-ip"),
+    pytest.param({"cell_nat_egress_mode": "proxy"}, None,
+                 'cell_nat_egress_mode=\\"proxy\\" and chv_cell_egress_mode=\\"cidr\\" must be equal',
+                 id="egress-mode-mismatch"),
     # more refusals, not classes of the table's own: a count, a bound, a forbidden argument, a browser
     # path cells could see, every slot's cell at its MemoryMax more than the host's memory (preflight)
     pytest.param({"chv_cell_slots": 0}, None, "chv_cell_slots 0 must be a count >= 1", id="slots-zero"),

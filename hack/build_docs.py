@@ -55,6 +55,8 @@ GUIDE_ORDER = [
 ANSIBLE_DOCSITE_LABELS = {
     "common_return_values": "reference_appendices/common_return_values.html",
     "ansible_configuration_settings": "reference_appendices/config.html",
+    # a callback plugin's page (chv.fleet.fleet_summary)
+    "callback_plugins": "plugins/callback.html",
 }
 _BUILTIN_REF = re.compile(
     r"^ansible_collections\.ansible\.builtin\."
@@ -219,7 +221,7 @@ def _external(contnode, url: str):
 
 def _missing_reference(app, env, node, contnode):
     """Resolve, without an inventory, the std:ref references that point into ansible-core's
-    docs: ansible.builtin plugins with their options and return values, and the two docsite
+    docs: ansible.builtin plugins with their options and return values, and the docsite
     labels antsibull-docs' templates cite. Anything else stays unresolved (a warning, and
     with -W a failure)."""
     if node.get("refdomain") != "std" or node.get("reftype") != "ref":

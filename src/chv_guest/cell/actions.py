@@ -139,23 +139,39 @@ def start_run(pol: policymod.Policy, command: Sequence[str], slot: Optional[str]
     if task is not None:
         return _start_turn(pol, command, task, caller_uid, timeout, shared_network, runtime_max, status_fd,
                            verbose, caller, env_fd)
-    if status_fd is not None:
-        problem = status_fd_problem(status_fd)
-        if problem:
-            logmod.log(problem)
-            return exits.EXIT_CONFIG
-        if pol["platform"] != "linux":
-            logmod.log("--status-fd is not supported for %s cells yet" % pol["platform"])
-            return refuse_with_status(status_fd)
+    rc = _status_fd_refusal(status_fd)
+    if rc is not None:
+        return rc
+    if status_fd is not None and pol["platform"] != "linux":
+        logmod.log("--status-fd is not supported for %s cells yet" % pol["platform"])
+        return refuse_with_status(status_fd)
     try:
         env = read_env(pol, env_fd)
     except EnvRefused as exc:
         logmod.log(str(exc))
         return refuse_with_status(status_fd)
+    return _launch(pol, command, slot, timeout, shared_network, runtime_max, status_fd, verbose, caller, env,
+                   ignore_cordon)
+
+
+def _status_fd_refusal(status_fd: Optional[int]) -> Optional[int]:
+    """EXIT_CONFIG (logged) when ``status_fd`` cannot carry the verdict, else None."""
+    problem = status_fd_problem(status_fd) if status_fd is not None else None
+    if problem:
+        logmod.log(problem)
+        return exits.EXIT_CONFIG
+    return None
+
+
+def _launch(pol: policymod.Policy, command: Sequence[str], slot: Optional[str], timeout: Optional[float],
+            shared_network: bool, runtime_max: Optional[float], status_fd: Optional[int], verbose: bool,
+            caller: Optional[str], env: Dict[str, str], ignore_cordon: bool, task: Optional[str] = None) -> int:
+    """The run itself, once its checks passed: the platform's launcher with its settings."""
     launcher = launcher_for(pol, verbose=verbose, caller=caller)
     launcher.env = env
     launcher.status_fd = status_fd
     launcher.ignore_cordon = ignore_cordon
+    launcher.task_id = task
     return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
                         runtime_max=runtime_max)
 
@@ -169,11 +185,9 @@ def _start_turn(pol: policymod.Policy, command: Sequence[str], task: str, caller
     from . import taskrec  # noqa: PLC0415
     from . import tasks  # noqa: PLC0415
 
-    if status_fd is not None:
-        problem = status_fd_problem(status_fd)
-        if problem:
-            logmod.log(problem)
-            return exits.EXIT_CONFIG
+    rc = _status_fd_refusal(status_fd)
+    if rc is not None:
+        return rc
     if pol["platform"] != "linux":
         logmod.log("tasks are not supported for %s cells yet" % pol["platform"])
         return refuse_with_status(status_fd)
@@ -187,13 +201,9 @@ def _start_turn(pol: policymod.Policy, command: Sequence[str], task: str, caller
     except taskenv.EnvRefused as exc:
         logmod.log("task %s: %s" % (task, exc))
         return refuse_with_status(status_fd)
-    launcher = launcher_for(pol, verbose=verbose, caller=caller)
-    launcher.status_fd = status_fd
-    launcher.task_id = task
-    launcher.env = env
-    launcher.ignore_cordon = True  # a cordon stops new tasks (tasks.start), not the turns of a started one
-    return launcher.run(command, slot_name=slot, timeout=timeout, shared_network=shared_network,
-                        runtime_max=runtime_max)
+    # a cordon stops new tasks (tasks.start), not the turns of a started one: ignore_cordon
+    return _launch(pol, command, slot, timeout, shared_network, runtime_max, status_fd, verbose, caller, env,
+                   True, task)
 
 
 def run_request(pol: policymod.Policy, req: AgentRequest, caller: Optional[str] = None, caller_uid: int = 0) -> int:

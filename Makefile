@@ -262,7 +262,7 @@ bench: venv sysdeps
 
 # The long fuzz run of docs/reliability.md: 34,000 generated inputs per
 # target (chv-broker, chv-browser, the policy validator), 102,000 in all;
-# make test runs the same tests with 3,400 per target (tests/unit).
+# make test runs the same tests with 1,000 per target (tests/unit).
 fuzz: venv
 	cd $(ROOT) && CHV_FUZZ_EXAMPLES=34000 $(VENV)/bin/python -m pytest tests/unit/test_protocol_fuzz.py -q -p no:cacheprovider
 	@cat $(BUILD)/fuzz-counts.json; echo

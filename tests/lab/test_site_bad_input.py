@@ -15,25 +15,19 @@ The guests boot from the minimal image, which has none of the roles'
 packages and has never fetched its package lists: the hardest fresh host
 for check mode (the package installs are reported, not failed).
 The second guest is never converged: it is there for the lab's shared
-network and table."""
+network and table, and for test_lab_firewall.py (the lab: conftest.py)."""
 
 import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
+from conftest import BIN, GUESTS, INVENTORY, LAB, lab, run
 from labtraces import lab_traces
-from testpaths import LAB_PLAYBOOKS, ROOT
+from testpaths import ROOT
 
-BIN = os.path.dirname(sys.executable)
-LAB = "lsite"
-INVENTORY = "/var/lib/chv-fleet-lab/%s/inventory.yml" % LAB
-GUESTS = 2  # more than one: the guests share the lab's network and table
-LAB_ARGS = ["-e", "lab_name=" + LAB, "-e", "lab_network=10.99.32.0/28", "-e", "lab_count=%d" % GUESTS,
-            "-e", "lab_image_variant=minimal"]
 TRACES = ("/etc/chv-fleet /var/lib/chv-fleet /usr/lib/chv-fleet /opt/chv-browser /etc/chv /run/chv-shots "
           "/etc/systemd/system/chv-broker.socket /etc/systemd/system/chv-browser.service "
           "/etc/systemd/system/chv-cell-nat.service /etc/tmpfiles.d/chv-browser.conf")
@@ -42,37 +36,22 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bi
                                 reason="the lab needs root and systemd-nspawn")
 
 
-def _run(argv):
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-
-
-def lab(name):
-    proc = _run([os.path.join(BIN, "ansible-playbook"), os.path.join(LAB_PLAYBOOKS, name)] + LAB_ARGS)
-    recap = re.search(r"localhost\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
-    return proc, dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}
-
-
 @pytest.fixture(scope="module")
-def guest():
-    lab("lab_down.yml")
-    up = lab("lab_up.yml")[0]
-    assert up.returncode == 0, up.stdout[-3000:]
-    yield
-    lab("lab_down.yml")  # a no-op after test_lab_down_leaves_nothing, the module's last test
+def guest(site_lab):
+    return site_lab
 
 
 def test_lab_up_again_changes_nothing_and_every_guest_runs_systemd(guest):
     proc, counts = lab("lab_up.yml")
     assert proc.returncode == 0 and counts["changed"] == 0, proc.stdout[-3000:]
     assert len([t for t in lab_traces(LAB) if t.startswith("process")]) == GUESTS
-    ping = _run([os.path.join(BIN, "ansible"), "-i", INVENTORY, "all", "-m", "command",
+    ping = run([os.path.join(BIN, "ansible"), "-i", INVENTORY, "all", "-m", "command",
                  "-a", "systemctl is-system-running"])
     assert ping.stdout.count("running") >= GUESTS, ping.stdout + ping.stderr
 
 
 def site(*args):
-    proc = _run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(ROOT, "site.yml"),
+    proc = run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(ROOT, "site.yml"),
                  "--limit", LAB + "1"] + list(args))
     recap = re.search(r"lsite1\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
     counts = dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}

@@ -177,7 +177,7 @@ def allocate(settings_kw, slots, blocked, ledger=None):
     return settings, result.ledger, result.identities()
 
 
-@hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(allocator_inputs())
 @example(({"machine_prefix": "chv-", "ifname_prefix": "chvh"}, 3, [], None))
 @example(({"pool": "10.0.0.0/30", "prefix": 30, "ifname_prefix": "a" * 12, "machine_prefix": "m" * 33},

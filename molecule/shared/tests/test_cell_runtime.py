@@ -63,3 +63,26 @@ def test_nothing_left_behind(host, policy):
             assert not host.file("/sys/class/net/" + s["host_ifname"]).exists
             assert not host.file("/run/chv-fleet/cells/%s.json" % s["name"]).exists
             assert not host.file("/run/chv-fleet/locks/%s.lock" % s["name"]).exists
+
+
+def test_each_slots_disk_is_mounted_under_its_workspace_and_home(host, policy):
+    """chv_cell_disk_max (molecule/shared/group_vars: 64M; the policy's
+    disk_max, read back on the guest): each slot's image is preallocated and mounted (a loop device), and the slot's workspace and
+    agent state are binds of it, nodev and nosuid. Its quota from inside a
+    cell is the catalog's TEN-05 (test_catalog.py)."""
+    size_max = int(host.check_output("python3 -IS -c 'import sys; sys.path.insert(0, \"/usr/lib/chv-fleet\"); "
+                                     "from chv_guest.cell import disk; print(disk.parse_size(sys.argv[1]))' %s",
+                                     policy["disk_max"]))
+    assert size_max >= 1 << 20, policy["disk_max"]
+    with host.sudo():
+        mounts = host.check_output("findmnt -rn -o TARGET,SOURCE,FSTYPE,OPTIONS")
+        table = {ln.split()[0]: ln.split()[1:] for ln in mounts.splitlines()}
+        for s in policy["slots"]:
+            image = table["/var/lib/chv-fleet/disks/" + s["name"]]
+            assert image[0].startswith("/dev/loop") and image[1] == "ext4", image
+            for root in (policy["workspace_root"], policy["agent_state_root"]):
+                got = table["%s/%s" % (root, s["name"])]
+                assert got[0].startswith(image[0]) and got[1] == "ext4", (root, got, image)  # the image's own device
+                assert {"nodev", "nosuid"} <= set(got[2].split(",")), got
+            size, blocks = host.check_output("stat -c '%%s %%b' /var/lib/chv-fleet/disks/%s.img", s["name"]).split()
+            assert int(size) == size_max and int(blocks) * 512 >= size_max, (size, blocks)  # preallocated

@@ -16,6 +16,21 @@ def recap(out):
                 for h, rest in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", out.split("PLAY RECAP")[-1], re.M))
 
 
+def changed_tasks(out):
+    """{host: [the names of the tasks and handlers that changed on it, in order, each once]}."""
+    got, task = {}, None
+    for line in out.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line[line.index("[") + 1:line.rindex("]")]
+            continue
+        m = re.match(r"^changed: \[([^\]]+)\]", line)
+        if m:
+            names = got.setdefault(m.group(1).split(" -> ")[0], [])
+            if task not in names:
+                names.append(task)
+    return got
+
+
 def batches(out):
     """site.yml's batches, in order: the hosts of each run of its deploy play's first pre-task."""
     deploy = out.split(DEPLOY_PLAY, 1)[1] if DEPLOY_PLAY in out else ""

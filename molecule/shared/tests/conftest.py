@@ -13,7 +13,7 @@ import pytest
 # tests/helpers: what the verifier shares with the integration suites (testpaths, listeners).
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "helpers"))
 
-from playbook_output import recap  # noqa: E402 (tests/helpers, on the path above)
+from playbook_output import changed_tasks, recap  # noqa: E402 (tests/helpers, on the path above)
 from skipgate import pytest_runtest_makereport  # noqa: E402,F401 (the hook: no green on skips under CI=true)
 
 CLIENT = "/usr/lib/chv-fleet/chv_guest/broker/client.py"
@@ -206,12 +206,9 @@ def run_converge(args, expect_ok=True, whole=False):
     out = proc.stdout + proc.stderr
     if expect_ok:
         assert proc.returncode == 0, out[-4000:]
-    changed, task = [], None
-    for line in proc.stdout.splitlines():
-        if line.startswith("TASK ["):
-            task = line[6:line.rindex("]")]
-        elif line.startswith("changed: ") and task not in changed:
-            changed.append(task)
+    changed = []
+    for names in changed_tasks(proc.stdout).values():
+        changed += [t for t in names if t not in changed]
     return proc, recap(out), changed
 
 

@@ -4,10 +4,13 @@ chv_fleet (build-1). Every other test of this directory verifies the
 canary, guest-a; these reach each guest themselves.
 
 Molecule's converge rolled the collection out in two batches (the canary,
-then the rest: molecule/fleet/molecule.yml) and its idempotence step re-ran
-it over the whole fleet with changed=0 on every guest; these tests read what
-that rollout left on each guest, then inject a health-gate failure into the
-second of the default batches (one host each here) of a new rollout."""
+then the rest: molecule/fleet/molecule.yml); these tests read what that
+rollout left on each guest, inject a health-gate failure into the second of
+the default batches (one host each here) of a new rollout, and roll a
+broker change out over a busy fleet, which changes nothing else on guest-a
+and guest-c (the scenario's idempotence check: it has no idempotence step,
+a second converge of every guest that would cost about 3 minutes of
+make test; the trixie guest's no-change run is test_faults.py's)."""
 
 import ipaddress
 import json
@@ -18,7 +21,7 @@ import subprocess
 import pytest
 
 from conftest import CONVERGE, fleet_guest, inventory_argv, only_in, run_converge
-from playbook_output import batches
+from playbook_output import batches, changed_tasks
 from testpaths import ROOT
 
 pytestmark = only_in("fleet")
@@ -89,8 +92,8 @@ def test_a_health_gate_failure_in_the_second_batch_stops_the_rollout_before_the_
     systemctl mask cannot cover; no role runs to start it again): a rollout with the default batches
     (--tags health_gate: the checks and the gate, no role) passes the canary,
     fails guest-b in the second batch, naming the check, and never reaches
-    guest-c; build-1 is not part of it. (Molecule's converge and idempotence
-    ran the same gates over all three batches with the broker up.)"""
+    guest-c; build-1 is not part of it. (Molecule's converge ran the same
+    gates over both of its batches with the broker up.)"""
     b = guest("guest-b")
     with b.sudo():
         b.run_expect([0], "systemctl stop chv-broker.socket chv-broker.service")
@@ -125,6 +128,17 @@ def overlay(tmp_path, hosts):
     return ["-i", str(path)]
 
 
+# what a change of one chv-broker setting changes on a converged guest, and nothing else
+BROKER_CHANGE = {
+    "chv.fleet._common : Cordon the host (new cells refused, running ones untouched) before restarting chv-broker "
+    "(its code, configuration or units change)",
+    "chv.fleet._common : Record that the service must restart (kept until it has), for chv-broker",
+    "chv.fleet._common : Render the configuration of chv-broker",
+    "chv.fleet.broker : Restart chv-broker",
+    "Uncordon the host a rollout cordoned",
+}
+
+
 def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(tmp_path):
     """A cell runs on guest-a and on guest-c (an agent that finishes when
     the test tells it to, through a file in its workspace); guest-b, the
@@ -135,7 +149,10 @@ def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(t
     line naming the running cell; only then is the cell told to finish, and
     it ends by itself with its own exit status 0; the broker restarts after
     it, the gate passes, the guest is uncordoned; the run succeeds and ends
-    with one line per host (the fleet_summary callback)."""
+    with one line per host (the fleet_summary callback). On guest-a and
+    guest-c the run changes exactly what the broker's change needs (the
+    scenario's idempotence check: a second converge of the fleet's canary
+    and its odd host)."""
     busy = ["guest-a", "guest-c"]
     workspace, invocation = {}, {}
     for name in busy:
@@ -183,6 +200,12 @@ def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(t
                     != invocation[name]
                 assert json.loads(g.file("/etc/chv-fleet/broker.json").content_string)["read_timeout"] == 31
                 assert not g.file("/run/chv-fleet/cordon").exists  # uncordoned after the gate
+        # the rollout changed the broker's configuration and what its restart needs, nothing else: the
+        # fleet's idempotence check (the scenario has no idempotence step: this run is its second converge
+        # of guest-a and guest-c, each a no-change run but for the one value)
+        changed = changed_tasks(out)
+        for name in busy:
+            assert set(changed.get(name, [])) == BROKER_CHANGE, (name, changed.get(name))
         summary = out.split("CHV.FLEET SUMMARY", 1)[1]
         assert re.search(r"^guest-b: unreachable, skipped, changed=0$", summary, re.M), summary
         for name, batch in (("guest-a", "1 of 2"), ("guest-c", "2 of 2")):
@@ -229,8 +252,8 @@ def test_a_bad_value_on_the_last_guest_stops_the_run_before_the_canary_changes(t
 
 
 def test_a_host_outside_chv_fleet_is_left_as_it_was():
-    """build-1 is in the inventory, outside chv_fleet: after the converge, the
-    idempotence run and the rollouts above it is as before the first converge."""
+    """build-1 is in the inventory, outside chv_fleet: after the converge and
+    the rollouts above it is as before the first converge."""
     b1 = guest("build-1")
     with b1.sudo():
         before = json.loads(b1.file(BEFORE).content_string)

@@ -184,9 +184,6 @@ DRY = {
     "ansible-playbook site.yml -i fleet/ --check --diff":
         "check mode on a converged guest, reporting no change: molecule/shared/tests/test_rollout.py (trixie); "
         "on a fresh guest: tests/lab/test_site_bad_input.py",
-    "ansible-playbook chv.fleet.remove -i fleet/":
-        "the uninstall on a converged guest, with a running cell: molecule/shared/tests/test_uninstall.py; "
-        "the lab's lab_down removes this test's guest",
 }
 
 

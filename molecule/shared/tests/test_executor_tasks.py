@@ -22,13 +22,13 @@ import shlex
 import subprocess
 import tarfile
 import tempfile
-import threading
 import time
 
 import pytest
 
 import gitserver
 from conftest import guest_ssh, lab_guest, only_in, over_ssh
+from tasks_at_once import assert_each_on_its_own_branch, two_turns_each
 from testpaths import PROBES
 
 pytestmark = only_in("fleet")
@@ -264,28 +264,9 @@ def test_as_many_tasks_at_once_as_slots_each_with_its_own_branch_and_export(lab)
                for b in branches]
     try:
         assert len({t["slot"] for t in started}) == count
-        results, threads = {}, []
-        for t in started:
-            def work(t=t):
-                results[t["task"]] = [agent_turn(lab, t["task"]), agent_turn(lab, t["task"])]
-            threads.append(threading.Thread(target=work))
-            threads[-1].start()
-        for th in threads:
-            th.join(300)
-        for t, branch in zip(started, branches):
-            one, two = results[t["task"]]
-            assert two["push"]["ok"] is True and two["push"]["result"]["returncode"] == 0, two["push"]
-            assert two["branch"] == branch and server.ref("refs/heads/" + branch) == two["commit"]
-            assert server.ref("refs/heads/%s^" % branch) == one["commit"]
-            got = export(lab, t["task"], "/workspace")
-            assert got["workspace/RESULT.md"] == "result after turn 2 in %s\n" % t["slot"]
-            assert got["workspace/.git/HEAD"] == "ref: refs/heads/%s\n" % branch
-            # nothing of the other tasks: their results, branches or commits (its own are there: the search's
-            # control)
-            assert two["commit"] in got["workspace/.git/refs/heads/" + branch]
-            marks = [m for x, b in zip(started, branches) if x is not t for m in
-                     ["result after turn 2 in " + x["slot"], b] + [r["commit"] for r in results[x["task"]]]]
-            assert not [n for n, v in got.items() if any(m in v for m in marks)], sorted(got)
+        results = two_turns_each(started, lambda task_id: agent_turn(lab, task_id))
+        assert_each_on_its_own_branch(server, started, branches, results,
+                                      lambda task_id, path: export(lab, task_id, path))
     finally:
         for t in started:
             task(lab, "end %s" % t["task"])

@@ -1,6 +1,9 @@
 """A real git server for the tests: smart HTTP (``git http-backend`` as a
 CGI of Debian's lighttpd) with basic authentication, in a network
-namespace of its own, reached from this machine over a veth pair.
+namespace of its own, reached from this machine over a veth pair, or
+(``address``) on an address this machine already has, in its own network
+namespace: Molecule's executor tests bind it to a lab guest's gateway on
+the lab host (molecule/shared/tests/test_executor_tasks.py).
 
 Names (prefix ``tt``, this suite's own): the namespace ``tt<pid>``, the
 host's end of the veth ``ttg<pid % 10**6>``.  Addresses: a /30 of
@@ -30,6 +33,7 @@ server.bind = "{addr}"
 server.port = {port}
 server.errorlog = "{root}/logs/error.log"
 accesslog.filename = "{root}/logs/access.log"
+mimetype.assign = (".html" => "text/html")
 server.username = "{user}"
 server.groupname = "{user}"
 auth.backend = "plain"
@@ -72,24 +76,28 @@ class GitServer:
     """``start()`` brings it up with one repository, ``proj.git`` (two
     commits on main: ``commits``), ``stop()`` removes everything again."""
 
-    def __init__(self, user="executor", password=None):
+    def __init__(self, user="executor", password=None, address=None, port=PORT, model_port=MODEL_PORT):
         n = os.getpid()
-        self.ns = "tt%d" % n
-        self.host_if = "ttg%d" % (n % 1000000)
+        # address: bound there, no namespace of its own
+        self.ns = None if address else "tt%d" % n
+        self.host_if = None if address else "ttg%d" % (n % 1000000)
+        self.address = address or SERVER_ADDR
+        self.port, self.model_port = port, model_port
         self.user = user
         self.password = password or base64.b32encode(os.urandom(15)).decode().lower()
         self.root = None
         self.proc = None
         self.model = None
         self.commits = []
-        self.url = "http://%s:%d/git/proj.git" % (SERVER_ADDR, PORT)
+        self.url = "http://%s:%d/git/proj.git" % (self.address, port)
 
     def start(self):
         self.root = tempfile.mkdtemp(prefix="chv-gitserver-")
         os.chmod(self.root, 0o755)
         try:
             self._repo()
-            self._network()
+            if self.ns:
+                self._network()
             self._lighttpd()
         except BaseException:
             self.stop()
@@ -135,10 +143,10 @@ class GitServer:
     def _lighttpd(self):
         conf = os.path.join(self.root, "lighttpd.conf")
         with open(conf, "w") as fh:
-            fh.write(CONF.format(root=self.root, addr=SERVER_ADDR, port=PORT, user="www-data", backend=BACKEND))
+            fh.write(CONF.format(root=self.root, addr=self.address, port=self.port, user="www-data", backend=BACKEND))
         _run(LIGHTTPD, "-tt", "-f", conf)
         log = open(os.path.join(self.root, "lighttpd.out"), "wb")
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, LIGHTTPD, "-D", "-f", conf],
+        self.proc = subprocess.Popen(self._in_ns(LIGHTTPD, "-D", "-f", conf),
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 15
@@ -148,20 +156,23 @@ class GitServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("lighttpd did not come up: %s" % self.log())
 
+    def _in_ns(self, *argv):
+        return (["ip", "netns", "exec", self.ns] if self.ns else []) + list(argv)
+
     def start_model(self, token):
-        """The stand-in model endpoint in the namespace, accepting ``token``
-        (handed over on stdin); its URL."""
+        """The stand-in model endpoint beside the server (its namespace or
+        its address), accepting ``token`` (handed over on stdin); its URL."""
         from testpaths import PROBES
 
         log = os.path.join(self.root, "model.log")
-        self.model = subprocess.Popen(["ip", "netns", "exec", self.ns, "/usr/bin/python3", "-I",
-                                       os.path.join(PROBES, "model_standin.py"), SERVER_ADDR, str(MODEL_PORT), log],
+        self.model = subprocess.Popen(self._in_ns("/usr/bin/python3", "-I", os.path.join(PROBES, "model_standin.py"),
+                                                  self.address, str(self.model_port), log),
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.model.stdin.write(token + "\n")
         self.model.stdin.close()
         if self.model.stdout.readline().strip() != "ready":
             raise RuntimeError("the model stand-in did not start")
-        return "http://%s:%d/v1/edit" % (SERVER_ADDR, MODEL_PORT)
+        return "http://%s:%d/v1/edit" % (self.address, self.model_port)
 
     def model_requests(self):
         """What the model stand-in was asked: [{"path", "authorized"}, ...]."""
@@ -187,7 +198,7 @@ class GitServer:
 
     def credential_line(self):
         """The git-credential-store line of the server's account (the guest's credential file)."""
-        return "http://%s:%s@%s:%d\n" % (self.user, self.password, SERVER_ADDR, PORT)
+        return "http://%s:%s@%s:%d\n" % (self.user, self.password, self.address, self.port)
 
     def ref(self, name):
         """The commit of ref ``name`` in the server's repository (read on disk), or None."""
@@ -221,7 +232,8 @@ class GitServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        _run("ip", "link", "del", self.host_if, check=False)
-        _run("ip", "netns", "del", self.ns, check=False)
+        if self.ns:
+            _run("ip", "link", "del", self.host_if, check=False)
+            _run("ip", "netns", "del", self.ns, check=False)
         if self.root:
             shutil.rmtree(self.root, ignore_errors=True)

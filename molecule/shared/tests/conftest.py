@@ -226,6 +226,21 @@ def lab_guest(host):
     return next(g for g in lab_record()["guests"] if g["name"] == hostname)
 
 
+def guest_ssh(host, user):
+    """The lab host's own ssh to this guest as `user`, with the lab's key, as an executor logs in:
+    the argv, without the command."""
+    return ["ssh", "-i", lab_record()["key"], "-o", "StrictHostKeyChecking=no", "-o",
+            "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
+            "%s@%s" % (user, lab_guest(host)["address"])]
+
+
+def over_ssh(ssh, command, tty=False, stdin="", timeout=120, text=True):
+    """One command over `ssh` (guest_ssh's argv); stdin is handed over as given (a secret the test
+    passes goes there, never on a command line: the guest's journal keeps Ansible's module arguments)."""
+    argv = ssh + (["-tt"] if tty else []) + [command]
+    return subprocess.run(argv, input=stdin, capture_output=True, text=text, timeout=timeout, check=False)
+
+
 class OutsideHTTP(object):
     """An HTTP server on the lab host, bound to the guest's gateway there:
     outside the guest, reached from it through its uplink only. `routes` maps

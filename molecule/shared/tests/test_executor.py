@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import OutsideHTTP, html, lab_guest, lab_record
+from conftest import OutsideHTTP, guest_ssh, html, lab_guest, over_ssh
 
 AGENT = "chv"
 HOME = "/home/chv"
@@ -53,17 +53,10 @@ def executor(host):
     outside = OutsideHTTP(guest["host_address"], OUT_PORT, {"/": (200, {}, html("Executor page", "<h1>hi</h1>"), 0)})
     with host.sudo():
         host.run_expect([0], "install -d -m 0755 /app && cat > /app/host.py <<'EOF'\n%s\nEOF\nchmod 0644 /app/host.py" % HOST_PY)
-    ssh = ["ssh", "-i", lab_record()["key"], "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-           "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "%s@%s" % (AGENT, guest["address"])]
-    yield {"ssh": ssh, "url": outside.url + "/"}
+    yield {"ssh": guest_ssh(host, AGENT), "url": outside.url + "/"}
     outside.close()
     with host.sudo():
         host.run("rm -rf /app")
-
-
-def over_ssh(executor, command, tty=False, stdin="", timeout=120):
-    argv = executor["ssh"] + (["-tt"] if tty else []) + [command]
-    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def host_py(*extra):
@@ -79,7 +72,7 @@ def test_the_agent_user_is_left_as_it_was(host):
 
 
 def test_host_py_runs_unmodified_over_ssh(host, executor):
-    r = over_ssh(executor, host_py("--exit", "7", "--url", executor["url"]), stdin="hello from the executor\n")
+    r = over_ssh(executor["ssh"], host_py("--exit", "7", "--url", executor["url"]), stdin="hello from the executor\n")
     assert r.returncode == 7, (r.returncode, r.stdout, r.stderr)   # the payload's own code came back
     state = json.loads(r.stdout.strip().splitlines()[-1])
     assert "to stderr" in r.stderr                                  # streams stay apart without a tty
@@ -89,15 +82,16 @@ def test_host_py_runs_unmodified_over_ssh(host, executor):
     # results reach the agent user outside the cell through chv-cell read, as docs/executor.md says; the
     # slot directories themselves are the slot's own (a plain cat is denied)
     slot = state["slot"]
-    saved = json.loads(over_ssh(executor, "chv-cell read --slot %s %s/.codex/host-state.json" % (slot, HOME)).stdout)
+    ssh = executor["ssh"]
+    saved = json.loads(over_ssh(ssh, "chv-cell read --slot %s %s/.codex/host-state.json" % (slot, HOME)).stdout)
     assert saved["slot"] == slot
-    assert over_ssh(executor, "chv-cell read --slot %s /workspace/result.txt" % slot).stdout == "done by %s\n" % slot
-    denied = over_ssh(executor, "cat /var/lib/chv-fleet/workspaces/%s/result.txt" % slot)
+    assert over_ssh(ssh, "chv-cell read --slot %s /workspace/result.txt" % slot).stdout == "done by %s\n" % slot
+    denied = over_ssh(executor["ssh"], "cat /var/lib/chv-fleet/workspaces/%s/result.txt" % slot)
     assert denied.returncode != 0 and "Permission denied" in denied.stderr
 
 
 def test_with_a_tty_the_exit_code_still_comes_back(host, executor):
-    r = over_ssh(executor, host_py("--exit", "5"), tty=True, stdin="typed\n")
+    r = over_ssh(executor["ssh"], host_py("--exit", "5"), tty=True, stdin="typed\n")
     assert r.returncode == 5, (r.stdout, r.stderr)
     assert '"user": "chv"' in r.stdout
 
@@ -122,16 +116,16 @@ def test_two_runs_at_once_get_two_slots_and_only_their_own_state(host, executor)
     ("sudo -n /usr/lib/chv-fleet/chv-cell-agent run --policy=/tmp/x.json -- true", "--policy"),
 ])
 def test_the_way_in_refuses_anything_but_run_and_status(host, executor, command, says):
-    r = over_ssh(executor, command)
+    r = over_ssh(executor["ssh"], command)
     assert r.returncode == 78 and says in r.stderr, (r.returncode, r.stdout, r.stderr)
 
 
 def test_sudo_allows_the_launcher_and_nothing_broader(host, executor):
-    control = over_ssh(executor, "chv-cell status")
+    control = over_ssh(executor["ssh"], "chv-cell status")
     assert control.returncode == 0 and "slot0" in control.stdout, control
-    assert over_ssh(executor, "sudo -n /bin/true").returncode != 0
-    assert over_ssh(executor, "sudo -n /usr/lib/chv-fleet/chv-cell run -- true").returncode != 0
-    listed = over_ssh(executor, "sudo -n -l").stdout
+    assert over_ssh(executor["ssh"], "sudo -n /bin/true").returncode != 0
+    assert over_ssh(executor["ssh"], "sudo -n /usr/lib/chv-fleet/chv-cell run -- true").returncode != 0
+    listed = over_ssh(executor["ssh"], "sudo -n -l").stdout
     commands = [line.strip() for line in listed.splitlines() if line.strip().startswith("(root)")]
     assert commands == ["(root) NOPASSWD: /usr/lib/chv-fleet/chv-cell-agent"], listed
 

@@ -20,13 +20,13 @@ import secrets
 import shutil
 import subprocess
 import tarfile
-import threading
 
 import pytest
 
 import gitserver
 from broker_helpers import BrokerProc, make_listener
 from cellrt import NEEDS_REAL_CELLS, make_slot
+from tasks_at_once import assert_each_on_its_own_branch, two_turns_each
 from test_cells_real import AGENT_KEYS, agent_install, as_user, user_run
 from test_task_env_real import files_holding, sample_ps, sha
 from testpaths import PROBES, SRC
@@ -228,31 +228,9 @@ def test_as_many_tasks_at_once_as_slots_each_with_its_own_branch_and_export(lab)
                     stdin="AGENT_BRANCH=%s\n\n" % b) for b in branches]
     try:
         assert sorted(t["slot"] for t in started) == ["slot0", "slot1"]
-        results = {}
-
-        def work(t):
-            results[t["task"]] = [agent_turn(lab, t["task"]), agent_turn(lab, t["task"])]
-
-        threads = [threading.Thread(target=work, args=(t,)) for t in started]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(300)
-        for t, branch in zip(started, branches):
-            one, two = results[t["task"]]
-            assert two["push"]["ok"] is True and two["push"]["result"]["returncode"] == 0, two["push"]
-            assert two["branch"] == branch and server.ref("refs/heads/" + branch) == two["commit"]
-            assert server.ref("refs/heads/%s^" % branch) == one["commit"]
-            got = export(lab, t["task"], "/workspace")
-            assert got["workspace/RESULT.md"] == "result after turn 2 in %s\n" % t["slot"]
-            # nothing of the other task: neither its result, nor its branch, nor its commits (its own are
-            # there: the control of the search)
-            other = next(x for x in started if x is not t)
-            marks = ["result after turn 2 in " + other["slot"], branches[started.index(other)]] + \
-                [r["commit"] for r in results[other["task"]]]
-            assert not [n for n, v in got.items() if any(m in v for m in marks)], sorted(got)
-            assert got["workspace/.git/HEAD"] == "ref: refs/heads/%s\n" % branch
-            assert two["commit"] in got["workspace/.git/refs/heads/" + branch]
+        results = two_turns_each(started, lambda task_id: agent_turn(lab, task_id))
+        assert_each_on_its_own_branch(server, started, branches, results,
+                                      lambda task_id, path: export(lab, task_id, path))
     finally:
         for t in started:
             task(lab, "end", t["task"])

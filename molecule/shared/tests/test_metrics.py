@@ -12,7 +12,7 @@ and chv-broker's entries with the fields journald sets; and with table inet
 chv_cell deleted the next collection reports it missing, the reloaded
 table present again.
 
-Fleet only: nothing here depends on the distribution. About 30 s on a lab
+Fleet only: nothing here depends on the distribution. 16 to 34 s on a lab
 guest."""
 
 import json

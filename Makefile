@@ -141,7 +141,7 @@ browser-venv: $(BROWSER_VENV)/.stamp
 
 # tests/unit: pure tests, no root, no processes of other uids, no namespaces.
 # promtool, for the metrics' unit tests (tests/unit/metrics: check metrics, check and
-# test rules). Debian 12 ships it only inside the prometheus package, whose install
+# test rules) and the fleet scenario's test_metrics.py. Debian 12 ships it only inside the prometheus package, whose install
 # also enables a Prometheus server: the package is unpacked under build/ instead.
 PROMTOOL := $(BUILD)/promtool/usr/bin/promtool
 $(PROMTOOL):
@@ -174,8 +174,9 @@ lab-tests: venv sysdeps
 
 molecule: $(SCENARIOS:%=molecule-%)
 
-$(SCENARIOS:%=molecule-%): molecule-%: venv sysdeps
-	PATH=$(VENV)/bin:$$PATH molecule test -s $*
+# promtool: molecule/shared/tests/test_metrics.py checks the scraped text with it
+$(SCENARIOS:%=molecule-%): molecule-%: venv sysdeps $(PROMTOOL)
+	PATH=$(VENV)/bin:$$PATH CHV_PROMTOOL=$(PROMTOOL) molecule test -s $*
 
 # The second leg: Python 3.12 with ansible-core 2.21: every playbook
 # loaded by 2.21 (--syntax-check: modules, roles and plugins resolved; the
@@ -239,10 +240,11 @@ lab-down: venv
 # bench/report.py puts into docs/performance.md. The benchmarks of BENCH_ORDER
 # run first, in that order (one not there yet is skipped), then any other
 # bench/bench_*.py; a failing one does not stop the others, but fails make bench.
-# The rollout benchmark keeps its lab and the cells benchmark measures on its
-# first guest (converged by site.yml already); the lab goes down after them.
+# The rollout benchmark keeps its lab and the cells and metrics benchmarks
+# measure on its first guest (converged by site.yml already); the lab goes
+# down after them.
 BENCH_PACKAGES := iperf3
-BENCH_ORDER := rollout cells cell_identity
+BENCH_ORDER := rollout cells metrics cell_identity
 bench: venv sysdeps
 	@$(MAKE) --no-print-directory sysdeps SYS_PACKAGES="$(BENCH_PACKAGES)"
 	@export CHV_BENCH_KEEP_LAB=1 CHV_BENCH_LAB=brollout; \
@@ -254,7 +256,7 @@ bench: venv sysdeps
 	    t=$$(date +%s); echo "== $$b"; \
 	    if $(VENV)/bin/python $$b; then echo "== $$b: $$(( $$(date +%s) - t )) s"; \
 	    else echo "== $$b FAILED after $$(( $$(date +%s) - t )) s"; failed="$$failed $$b"; fi; \
-	    if [ $$b = bench/bench_cells.py ]; then $(VENV)/bin/python bench/bench_rollout.py --lab-down || failed="$$failed lab-down"; fi; \
+	    if [ $$b = bench/bench_metrics.py ]; then $(VENV)/bin/python bench/bench_rollout.py --lab-down || failed="$$failed lab-down"; fi; \
 	  done; \
 	  $(VENV)/bin/python bench/report.py; \
 	  echo "make bench: $$(( $$(date +%s) - start )) s ($$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s)$${failed:+, FAILED:$$failed}"; \

@@ -166,10 +166,10 @@ def playbook(name, args):
 class Guest:
     """The lab guest over SSH, as the inventory describes it."""
 
-    def __init__(self, inventory):
+    def __init__(self, inventory, lab=None):
         with open(inventory) as fh:
             inv = yaml.safe_load(fh)
-        group = inv['all']['children']['chv_lab_' + LAB_NAME.replace('-', '_')]
+        group = inv['all']['children']['chv_lab_' + (lab or LAB_NAME).replace('-', '_')]
         self.name, host = next(iter(group['hosts'].items()))  # the lab's first guest
         self.address = host['ansible_host']
         self.key = group['vars']['ansible_ssh_private_key_file']

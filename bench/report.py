@@ -1,7 +1,7 @@
 """Collect the benchmarks' Markdown fragments into docs/performance.md.
 
 Each bench/bench_*.py writes a fragment build/bench/NAME.md. This script
-puts them, in a fixed order (rollout, cells, identity, then any others by
+puts them, in a fixed order (rollout, cells, metrics, identity, then any others by
 name), between the markers `<!-- bench:begin -->` and `<!-- bench:end -->`
 of docs/performance.md, under a line naming the machine and the commit.
 Everything outside the markers is left byte for byte as it was; when the
@@ -18,7 +18,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FRAGMENTS = os.path.join(ROOT, 'build', 'bench')
 DOC = os.path.join(ROOT, 'docs', 'performance.md')
-ORDER = ('rollout', 'cells', 'identity')
+ORDER = ('rollout', 'cells', 'metrics', 'identity')
 BEGIN = '<!-- bench:begin -->'
 END = '<!-- bench:end -->'
 SECTION = ('\n## make bench\n\n'

@@ -77,12 +77,18 @@ def cell_records(state_dir: str) -> Tuple[Dict[str, str], Dict[str, bool]]:
 def read_events(opts: argparse.Namespace, slots: Optional[List[str]]) -> Optional[eventsmod.Counts]:
     """The event counts kept in opts.events_state with the journal's entries
     since its cursor added, written back; None when journalctl failed (the
-    counts stay as they were)."""
+    counts stay as they were). A cursor journalctl refuses while it reads
+    the journal without one ("Failed to seek to cursor": a state file
+    damaged, or written by another journal's reader) restarts the counters,
+    as a lost state file does: kept, it would stop them for good."""
     counts = eventsmod.loads(read_text(opts.events_state))
     rc, out = run(eventsmod.journalctl_argv(opts.journalctl, counts["cursor"]))
+    if rc not in (0, None) and counts["cursor"] is not None:
+        rc, out = run(eventsmod.journalctl_argv(opts.journalctl, None))
+        counts = eventsmod.empty()
     if rc != 0:
         return None
-    if eventsmod.add_output(counts, out.decode("utf-8", errors="replace"), slots or []):
+    if eventsmod.add_output(counts, out.decode("utf-8", errors="replace"), slots or []) or counts["cursor"] is None:
         try:
             os.makedirs(os.path.dirname(opts.events_state), mode=0o700, exist_ok=True)
             write_atomic(os.path.dirname(opts.events_state), os.path.basename(opts.events_state),

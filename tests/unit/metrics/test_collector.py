@@ -354,6 +354,37 @@ def test_the_counts_survive_a_restart_and_go_on_from_the_cursor(tmp_path):
     assert "--after-cursor" not in events.journalctl_argv("journalctl", None)
 
 
+FAKE_JOURNALCTL = """#!/bin/sh
+# journalctl as on a guest (systemd 252): a cursor it cannot parse fails the run
+for a in "$@"; do [ "$a" = garbage ] && { echo "Failed to seek to cursor: Invalid argument" >&2; exit 1; }; done
+case " $* " in *" --after-cursor "*) exit 0;; esac  # nothing new after a good cursor
+cat %(fixtures)s/journal.json
+"""
+
+
+def test_a_cursor_journalctl_refuses_restarts_the_counters_instead_of_stopping_them(tmp_path):
+    argv = _guest(tmp_path)
+    fake = tmp_path / "journalctl"
+    fake.write_text(FAKE_JOURNALCTL % {"fixtures": FIXTURES})
+    fake.chmod(0o755)
+    kept = tmp_path / "events.json"
+    argv += ["--journalctl", str(fake), "--events-state", str(kept), "--stdout"]
+    counts = fixture_events()
+    assert counts["cursor"] is not None and counts["runs"]
+    # control: a good cursor and nothing new, the kept counts go on (doubled here, to tell them apart)
+    counts["runs"] = dict((k, 2 * n) for k, n in counts["runs"].items())
+    kept.write_text(events.dumps(counts))
+    state_ok = collector.read_state(collector.parser().parse_args(argv))
+    assert state_ok.events is not None and state_ok.events["runs"] == counts["runs"]
+    # the cursor refused (as journalctl refuses "garbage"): the counters restart from the journal
+    counts["cursor"] = "garbage"
+    kept.write_text(events.dumps(counts))
+    restarted = collector.read_state(collector.parser().parse_args(argv))
+    assert restarted.events is not None and restarted.events["runs"] == fixture_events()["runs"]
+    assert json.loads(kept.read_text())["cursor"] == fixture_events()["cursor"]  # and the new cursor is kept
+    assert values(restarted)[("chv_metrics_source_up", "journal")] == 1
+
+
 def test_an_unreadable_journal_reports_its_source_down_and_no_event_series():
     v = values(fixture_state(events=None))
     assert v[("chv_metrics_source_up", "journal")] == 0

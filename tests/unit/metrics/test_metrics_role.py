@@ -100,3 +100,23 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path):
     proc = subprocess.run(["systemd-analyze", "verify", "--man=no", str(service)], capture_output=True, text=True,
                           check=False)
     assert "chv-fleet-metrics.service" in proc.stderr, proc.stderr
+
+
+def owned_paths(**overrides):
+    """__metrics_owned's paths (vars/main.yml) as Ansible renders them, with the defaults and `overrides`."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+    main = _yaml("vars", "main.yml")
+    vars_ = dict(_yaml("defaults", "main.yml"), chv_metrics_install_dir="/usr/lib/chv-fleet", **overrides)
+    for key in ("__metrics_unit", "__metrics_timer", "__metrics_unit_dir", "__metrics_file_name", "__metrics_state_dir"):
+        vars_[key] = main[key]
+    vars_["__metrics_entry_point"] = env.from_string(main["__metrics_entry_point"]).render(**vars_)
+    return yaml.safe_load(env.from_string(main["__metrics_owned"]["paths"]).render(**vars_))
+
+
+def test_the_textfile_directory_is_removed_only_when_the_role_created_it():
+    shared = owned_paths(chv_metrics_textfile_dir="/srv/textfiles")
+    assert "/srv/textfiles/chv_fleet.prom" in shared and "/srv/textfiles" not in shared  # node_exporter's stays
+    created = owned_paths(chv_metrics_textfile_dir="/srv/textfiles", chv_metrics_create_textfile_dir=True)
+    assert sorted(created) == sorted(shared + ["/srv/textfiles"])
+    assert "/var/lib/chv-fleet-metrics" in shared and "/etc/systemd/system/chv-fleet-metrics.timer" in shared

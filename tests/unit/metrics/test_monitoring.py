@@ -18,6 +18,7 @@ from promtool_path import promtool
 import yaml
 
 from chv_guest.metrics import exposition, state
+from prom_text import alert_annotations, input_series
 from test_collector import fixture_state
 
 from testpaths import ROOT
@@ -109,21 +110,14 @@ def test_the_rules_name_only_metrics_the_collector_emits():
 
 
 def _recorded(states, instance="g1"):
-    """promtool input_series from the collector's samples of each state, one per interval; a
-    series missing at a step is "_" there (it vanished from the file, as the counters do with the table)."""
-    steps = [{(s.name, s.labels): s.value for s in state.samples(st)} for st in states]
-    keys = sorted({k for step in steps for k in step})
-    out = []
-    for name, labels in keys:
-        text = ",".join('%s="%s"' % (k, exposition.escape(v)) for k, v in labels + (("instance", instance), ("job", "node")))
-        values = " ".join(exposition.number(step[(name, labels)]) if (name, labels) in step else "_" for step in steps)
-        out.append({"series": "%s{%s}" % (name, text), "values": values})
-    return out
+    """promtool input_series from the collector's samples of each state, one per interval (prom_text.input_series)."""
+    return input_series([{(s.name, tuple(sorted((k, exposition.escape(v)) for k, v in s.labels))): s.value
+                          for s in state.samples(st)} for st in states], instance)
 
 
 def _annotations(alert, instance):
-    rule = [r for r in rules() if r["alert"] == alert][0]
-    return dict((k, v.replace("{{ $labels.instance }}", instance).strip()) for k, v in rule["annotations"].items())
+    with open(RULES, encoding="utf-8") as fh:
+        return alert_annotations(yaml.safe_load(fh), alert, instance)
 
 
 def test_the_table_deleted_fires_the_alert_on_series_recorded_from_the_collector(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -26,6 +27,8 @@ LOCAL_PEERCRED = 0x001
 LOCAL_PEERPID = 0x002
 XUCRED_VERSION = 0
 XUCRED = struct.Struct("=IIhxx16I")
+# A record's egress_proxy as the launcher writes it: http://<the slot's gateway>:<port>
+PROXY_URL_RE = re.compile(r"http://[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}")
 
 
 class _CellRequired(TypedDict):
@@ -36,8 +39,9 @@ class _CellRequired(TypedDict):
 
 
 class Cell(_CellRequired, total=False):
-    """A live cell record as load_cells checked it (started: where the record has it)."""
+    """A live cell record as load_cells checked it (started, egress_proxy: where the record has them)."""
     started: float
+    egress_proxy: str  # proxy mode: the cell's proxy URL (chv_guest.cell.argv.proxy_url), for its doors
 
 
 class PeerRejected(Exception):
@@ -122,6 +126,9 @@ def load_cells(cells_dir: str) -> List[Cell]:
         started = rec.get("started")
         if isinstance(started, (int, float)) and not isinstance(started, bool) and started > 0:
             cell["started"] = started
+        proxy = rec.get("egress_proxy")
+        if isinstance(proxy, str) and PROXY_URL_RE.fullmatch(proxy):
+            cell["egress_proxy"] = proxy
         cells.append(cell)
     return cells
 

@@ -119,6 +119,9 @@ ADMIN_ACTIONS: Actions = {"end": ()}
 _CELL = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
 
 
+_PROXY = re.compile(r"http://[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}")
+
+
 def check_cell(cell: object) -> Optional[str]:
     """The identity of the cell incarnation a request is for (opaque to chv-browser, e.g. the
     cell leader's pid and pid namespace inode as chv-broker's peer check saw them), or None
@@ -128,6 +131,16 @@ def check_cell(cell: object) -> Optional[str]:
     if not isinstance(cell, str) or not _CELL.fullmatch(cell):
         raise Refused("cell must match [A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
     return cell
+
+
+def check_proxy(proxy: object) -> Optional[str]:
+    """The egress proxy the slot's context must use (proxy mode: chv-broker passes the cell record's
+    egress_proxy, ``http://<the slot's gateway>:<port>``), or None when the request names none."""
+    if proxy is None:
+        return None
+    if not isinstance(proxy, str) or not _PROXY.fullmatch(proxy):
+        raise Refused("proxy must be http://<IPv4 address>:<port>")
+    return proxy
 
 
 def admin_peer_problem(uid: int, own_uid_map: str) -> Optional[str]:

@@ -28,6 +28,8 @@ from cellnat_lab import Lab, run
 from egress_render import render_proxy
 from testpaths import PROBES
 
+from chv_guest.broker import peer
+from chv_guest.cell import argv as argvmod
 from chv_guest.cell import egresslog
 from ansible_collections.chv.fleet.plugins.module_utils import egress_names
 
@@ -211,6 +213,20 @@ class ProxyLab(Lab):
     def get(self, cell, url):
         gateway = self.slots[[self.cell_a, self.cell_b].index(cell)]["gateway"]
         return json.loads(run(sys.executable, PROBE, "get", gateway, PORT, url, ns=cell).stdout)
+
+    def door_url(self, index):
+        """The proxy URL of slot ``index`` as the launcher writes it into the cell's record
+        (argv.proxy_url), read back as chv-broker reads records (peer.load_cells): what the
+        doors acting for the slot get (Broker.op_sync's spec, op_browser's "proxy")."""
+        slot = self.slots[index]
+        cells = self.work / "cells"
+        cells.mkdir(exist_ok=True)
+        url = argvmod.proxy_url({"egress_proxy": {"port": PORT}}, slot)
+        (cells / ("%s.json" % slot["name"])).write_text(json.dumps(
+            {"slot": slot["name"], "pid": os.getpid(), "uid_base": slot["uid_base"], "uid_size": slot["uid_size"],
+             "egress_proxy": url}))
+        (cell,) = [c for c in peer.load_cells(str(cells)) if c["slot"] == slot["name"]]
+        return cell["egress_proxy"]
 
     def reached(self, addr_port):
         """The connections the listener ADDR:PORT logged."""

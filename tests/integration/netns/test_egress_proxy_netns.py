@@ -24,7 +24,6 @@ import egress_lab
 from cellnat_lab import run
 from egress_lab import ENTRIES, PORT, PROBE, RESOLVER, ProxyLab
 
-from chv_guest.broker import peer
 from chv_guest.broker import server as brokerserver
 from chv_guest.cell import argv as argvmod
 from chv_guest.cell import egresslog
@@ -233,20 +232,6 @@ def test_a_new_list_applies_to_new_connections_and_open_tunnels_stay(plab):
 SYNCRUN = Path(__file__).resolve().parents[3] / "src" / "chv_guest" / "broker" / "syncrun.py"
 
 
-def _door_url(lab, index):
-    """The proxy URL of slot ``index`` as the launcher writes it into the cell's record (argv.proxy_url),
-    read back as chv-broker reads records (peer.load_cells): what the doors acting for it get."""
-    slot = lab.slots[index]
-    cells = lab.work / "cells"
-    cells.mkdir(exist_ok=True)
-    url = argvmod.proxy_url({"egress_proxy": {"port": PORT}}, slot)
-    (cells / ("%s.json" % slot["name"])).write_text(json.dumps(
-        {"slot": slot["name"], "pid": os.getpid(), "uid_base": slot["uid_base"], "uid_size": slot["uid_size"],
-         "egress_proxy": url}))
-    (cell,) = [c for c in peer.load_cells(str(cells)) if c["slot"] == slot["name"]]
-    return cell["egress_proxy"]
-
-
 def _as_door(lab, index, *argv, **kw):
     """argv in the guest as slot ``index``'s UID (a sync worker's; a door_uids member)."""
     uid = lab.slots[index]["uid_base"]
@@ -266,7 +251,7 @@ def _sync(lab, index, remote):
     subprocess.run(["chown", "-R", "%d:%d" % (uid, uid), str(ws)], check=True)
     scfg = {"protocols": ["http", "https"], "hosts": [], "python": sys.executable,
             "rlimit_as": 0, "rlimit_cpu": 0}
-    spec = brokerserver.worker_spec(scfg, str(ws), ".", ["git", "fetch", "-q", "origin"], b"", _door_url(lab, index))
+    spec = brokerserver.worker_spec(scfg, str(ws), ".", ["git", "fetch", "-q", "origin"], b"", lab.door_url(index))
     proc = _as_door(lab, index, sys.executable, "-I", SYNCRUN, json.dumps(spec), stdin=subprocess.DEVNULL)
     head = subprocess.run(["git", "-C", str(ws), "rev-parse", "--verify", "-q", "origin/main"],
                           env=dict(env, GIT_DIR=str(ws / ".git")), capture_output=True, text=True, check=False)
@@ -308,9 +293,10 @@ def test_a_door_gets_the_list_of_the_slot_it_acts_for(plab):
     lab.start_squid()
     assert lab.connect(lab.cell_b, "group.test")["body"] == "hello from 198.20.1.1:443"     # control: a cell
     for index, expect in ((1, "HTTP/1.1 200 Connection established"), (0, "HTTP/1.1 403 Forbidden")):
-        host, port = _door_url(lab, index)[len("http://"):].split(":")
+        host, port = lab.door_url(index)[len("http://"):].split(":")
         out = _as_door(lab, index, sys.executable, PROBE, "connect", host, port, "group.test", 443)
         assert json.loads(out.stdout)["proxy"] == expect, out.stderr
     got = [(r["slot"], r["host"], r["verdict"]) for r in lab.log_lines()]
     assert got == [("slot1", "group.test", "allowed"), ("slot1", "group.test", "allowed"),
                    ("slot0", "group.test", "denied")]
+

@@ -392,7 +392,7 @@ class Engine:
         # the slot's list to it by the source address, the slot's gateway); chromium resolves nothing
         ctx = await (await self._ensure_browser()).new_context(
             accept_downloads=False, service_workers="block", viewport=self.cfg["viewport"],
-            **({"proxy": {"server": proxy}} if proxy else {}))
+            proxy={"server": proxy} if proxy else None)
         try:
             ctx.set_default_navigation_timeout(self.cfg["navigation_timeout"] * 1000)
             ctx.set_default_timeout(self.cfg["navigation_timeout"] * 1000)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import struct
 import sys
 from typing import Callable, List, Optional, Set, Tuple, TypedDict
+
+from ..wire import protocol
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 _UCRED = struct.Struct("3i")
@@ -27,8 +28,6 @@ LOCAL_PEERCRED = 0x001
 LOCAL_PEERPID = 0x002
 XUCRED_VERSION = 0
 XUCRED = struct.Struct("=IIhxx16I")
-# A record's egress_proxy as the launcher writes it: http://<the slot's gateway>:<port>
-PROXY_URL_RE = re.compile(r"http://[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}")
 
 
 class _CellRequired(TypedDict):
@@ -127,7 +126,7 @@ def load_cells(cells_dir: str) -> List[Cell]:
         if isinstance(started, (int, float)) and not isinstance(started, bool) and started > 0:
             cell["started"] = started
         proxy = rec.get("egress_proxy")
-        if isinstance(proxy, str) and PROXY_URL_RE.fullmatch(proxy):
+        if isinstance(proxy, str) and protocol.PROXY_URL_RE.fullmatch(proxy):
             cell["egress_proxy"] = proxy
         cells.append(cell)
     return cells

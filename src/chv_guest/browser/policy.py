@@ -5,7 +5,7 @@ import re
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-from ..wire.protocol import URL_SCHEMES
+from ..wire.protocol import PROXY_URL_RE, URL_SCHEMES
 
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10: only in annotations, which are never evaluated
@@ -119,9 +119,6 @@ ADMIN_ACTIONS: Actions = {"end": ()}
 _CELL = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
 
 
-_PROXY = re.compile(r"http://[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}")
-
-
 def check_cell(cell: object) -> Optional[str]:
     """The identity of the cell incarnation a request is for (opaque to chv-browser, e.g. the
     cell leader's pid and pid namespace inode as chv-broker's peer check saw them), or None
@@ -138,7 +135,7 @@ def check_proxy(proxy: object) -> Optional[str]:
     egress_proxy, ``http://<the slot's gateway>:<port>``), or None when the request names none."""
     if proxy is None:
         return None
-    if not isinstance(proxy, str) or not _PROXY.fullmatch(proxy):
+    if not isinstance(proxy, str) or not PROXY_URL_RE.fullmatch(proxy):
         raise Refused("proxy must be http://<IPv4 address>:<port>")
     return proxy
 

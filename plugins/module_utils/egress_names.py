@@ -62,7 +62,9 @@ PROXY_COUNTERS = (
     ("accept_proxy", "cell connections to the egress proxy on the slot's own gateway"),
     ("accept_proxy_reply", "the egress proxy's packets back to cells, in connections the cells opened"),
     ("drop_proxy_mode", "cell packets forwarded past the guest in proxy mode (every one)"),
-    ("drop_proxy_outside", "connections to the proxy's port that do not come from a cell"),
+    ("drop_proxy_outside", "connections to the proxy's port that do not come from a cell or a door"),
+    ("accept_door_proxy", "a door's (chv-browser, the sync worker) connections to the proxy on a slot's gateway"),
+    ("drop_door_direct", "a door's packets anywhere but the proxy (proxy mode: doors go through the proxy)"),
 )
 # IPv6 addresses squid never connects to either (cells and doors have no
 # IPv6 path at all, drop_ipv6; a name with such an AAAA record is refused

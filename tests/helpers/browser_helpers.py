@@ -170,7 +170,8 @@ def site():
 
 
 class BrowserProc:
-    def __init__(self, root, **overrides):
+    def __init__(self, root, netns=None, **overrides):
+        """chv-browser as nobody; with ``netns``, in that network namespace (ip netns exec, then setpriv)."""
         self.root = root
         self.cfg = {"socket": os.path.join(root, "run", "browser.sock"),
                     "shots_dir": os.path.join(root, "shots"), "shots_cell_dir": "/run/chv/shots",
@@ -191,8 +192,13 @@ class BrowserProc:
         env = {"PATH": "/usr/bin:/bin", "HOME": os.path.join(root, "home"),
                "PLAYWRIGHT_BROWSERS_PATH": os.path.join(root, "no-browsers")}
         with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen([PY, "-c", code], user=65534, group=65534, extra_groups=[], env=env,
-                                         stderr=err, cwd=root)
+            if netns:
+                self.proc = subprocess.Popen(["ip", "netns", "exec", netns, "setpriv", "--reuid=65534",
+                                              "--regid=65534", "--clear-groups", PY, "-c", code], env=env,
+                                             stderr=err, cwd=root)
+            else:
+                self.proc = subprocess.Popen([PY, "-c", code], user=65534, group=65534, extra_groups=[], env=env,
+                                             stderr=err, cwd=root)
         deadline = time.monotonic() + 20
         while not os.path.exists(self.cfg["socket"]):
             assert self.proc.poll() is None and time.monotonic() < deadline, open(self.log).read()

@@ -11,6 +11,7 @@ bench/bench_egress.py; every address lives only inside the namespaces.
     private.test                     -> 10.77.1.1  (private use, 10/8)
     metadata.test                    -> 169.254.169.254 (link-local)
     guest.test                       -> 127.0.0.1 (the guest's loopback)
+    git.test                         -> 198.20.3.1 (a static HTTP server of a bare git repository)
 """
 
 import json
@@ -27,6 +28,8 @@ from cellnat_lab import Lab, run
 from egress_render import render_proxy
 from testpaths import PROBES
 
+from chv_guest.broker import peer
+from chv_guest.cell import argv as argvmod
 from chv_guest.cell import egresslog
 from ansible_collections.chv.fleet.plugins.module_utils import egress_names
 
@@ -37,10 +40,11 @@ SQUID_UID = 4242                 # the proxy's user (door_uids by the drop-in, a
 PORT = 3128
 NAMES = {"allowed.test": "198.20.1.1", "wild.test": "198.20.1.1", "group.test": "198.20.1.1",
          "denied.test": "198.20.2.1", "private.test": "10.77.1.1", "metadata.test": "169.254.169.254",
-         "guest.test": "127.0.0.1"}
+         "guest.test": "127.0.0.1", "git.test": "198.20.3.1"}
+GIT_ADDR = "198.20.3.1"
 # every entry the ruleset and squid get (the names a cell may ask for)
 ENTRIES = ["allowed.test", {"name": "allowed.test", "port": 80}, "*.wild.test", "private.test", "metadata.test",
-           "guest.test", {"name": "group.test", "slot_group": "second"}]
+           "guest.test", {"name": "group.test", "slot_group": "second"}, {"name": "git.test", "port": 80}]
 
 
 def lab_available():
@@ -72,6 +76,7 @@ class ProxyLab(Lab):
         self.targets_log = self.work / "targets.log"
         self.dns_log = self.work / "dnsmasq.log"
         self.squid_dir = self.work / "squid"
+        self.git_dir = self.work / "git"        # what git.test serves: repo.git, a bare repository
         self.squid = None
         self.data = self.proxy = None
 
@@ -83,6 +88,8 @@ class ProxyLab(Lab):
                    *["%s:%d" % (addr, port) for addr in ("198.20.1.1", "198.20.2.1", "10.77.1.1", "169.254.169.254")
                      for port in (443, 80)])
         self.spawn(self.guest, sys.executable, PROBE, "target", self.targets_log, "127.0.0.1:443")
+        self._bare_repository(self.git_dir / "repo.git")
+        self.spawn(self.outside, sys.executable, PROBE, "files", self.targets_log, GIT_ADDR + ":80", self.git_dir)
         dnsmasq = shutil.which("dnsmasq", path="/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
         argv = [dnsmasq, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
                 "--bind-interfaces", "--listen-address=" + RESOLVER, "--user=root", "--pid-file=",
@@ -91,10 +98,22 @@ class ProxyLab(Lab):
         self.spawn(self.outside, *argv, ready=None)
         self.door_dir.mkdir()
         (self.door_dir / "chv-egress-proxy.nft").write_text(
-            "add element inet chv_cell door_uids { %d }\n" % SQUID_UID)
+            "add element inet chv_cell door_uids { %d }\nadd element inet chv_cell proxy_uids { %d }\n" % (SQUID_UID, SQUID_UID))
         self.squid_dir.mkdir()
         os.chown(self.squid_dir, SQUID_UID, SQUID_UID)
         return self
+
+    @staticmethod
+    def _bare_repository(path):
+        """A bare repository with one commit on main, ready for git's dumb HTTP protocol."""
+        env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1",
+                   GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+        src = path.parent / "src"
+        for argv in (["git", "init", "-q", "-b", "main", str(src)],
+                     ["git", "-C", str(src), "commit", "-q", "--allow-empty", "-m", "one"],
+                     ["git", "clone", "-q", "--bare", str(src), str(path)],
+                     ["git", "-C", str(path), "update-server-info"]):
+            subprocess.run(argv, env=env, check=True, capture_output=True)
 
     def spawn(self, ns, *argv, ready="READY"):
         proc = subprocess.Popen(["ip", "netns", "exec", ns] + [str(a) for a in argv],
@@ -194,6 +213,20 @@ class ProxyLab(Lab):
     def get(self, cell, url):
         gateway = self.slots[[self.cell_a, self.cell_b].index(cell)]["gateway"]
         return json.loads(run(sys.executable, PROBE, "get", gateway, PORT, url, ns=cell).stdout)
+
+    def door_url(self, index):
+        """The proxy URL of slot ``index`` as the launcher writes it into the cell's record
+        (argv.proxy_url), read back as chv-broker reads records (peer.load_cells): what the
+        doors acting for the slot get (Broker.op_sync's spec, op_browser's "proxy")."""
+        slot = self.slots[index]
+        cells = self.work / "cells"
+        cells.mkdir(exist_ok=True)
+        url = argvmod.proxy_url({"egress_proxy": {"port": PORT}}, slot)
+        (cells / ("%s.json" % slot["name"])).write_text(json.dumps(
+            {"slot": slot["name"], "pid": os.getpid(), "uid_base": slot["uid_base"], "uid_size": slot["uid_size"],
+             "egress_proxy": url}))
+        (cell,) = [c for c in peer.load_cells(str(cells)) if c["slot"] == slot["name"]]
+        return cell["egress_proxy"]
 
     def reached(self, addr_port):
         """The connections the listener ADDR:PORT logged."""

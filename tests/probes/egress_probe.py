@@ -6,6 +6,10 @@ target LOG ADDR:PORT...
         "<local addr>:<port> <peer>" to LOG (before reading a byte), reads
         the request head and answers "HTTP/1.0 200 OK" with the body
         "hello from <local addr>:<port>". Prints READY when bound.
+files LOG ADDR:PORT DIR
+        A static HTTP server of DIR on ADDR:PORT (git's dumb HTTP protocol
+        reads a bare repository so); logs each connection to LOG as target
+        does, before reading a byte. Prints READY when bound.
 connect PROXY_HOST PROXY_PORT HOST PORT
         CONNECT HOST:PORT through the proxy, then a plain HTTP request
         through the tunnel. Prints one JSON object: proxy (the proxy's
@@ -92,6 +96,24 @@ def target(log, specs):
     print("READY", flush=True)
     for thread in threads:
         thread.join()
+
+
+def files(log, spec, directory):
+    import functools
+    import http.server
+
+    host, port = spec.rsplit(":", 1)
+    local = "%s:%s" % (host, port)
+
+    class Server(http.server.ThreadingHTTPServer):
+        def verify_request(self, request, client_address):  # accepted, nothing read yet
+            with open(log, "a") as out:
+                out.write("%s %s\n" % (local, client_address[0]))
+            return True
+
+    server = Server((host, int(port)), functools.partial(http.server.SimpleHTTPRequestHandler, directory=directory))
+    print("READY", flush=True)
+    server.serve_forever()
 
 
 def _read_all(sock, keep=True):
@@ -193,6 +215,8 @@ def bench(host, port, count, size, *proxy):
 if __name__ == "__main__":
     if sys.argv[1] == "target":
         target(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "files":
+        files(*sys.argv[2:5])
     elif sys.argv[1] == "hold":
         hold(*sys.argv[2:6])
     elif sys.argv[1] == "bench":

@@ -14,6 +14,8 @@
 3. lab_role_packages (baked into the lab image) is the union of the roles'
    package lists (the platform's, vars/Debian.yml, and the public extras),
    apart from what every lab image holds anyway.
+4. Every unit a role masks (a systemd_service task with masked: true) is in
+   that role's `owned` masked_units, which playbooks/remove.yml unmasks.
 """
 import ipaddress
 import os
@@ -389,3 +391,33 @@ def test_lab_bakes_exactly_what_the_roles_install():
     assert sorted(baked - needed) == [], "baked into the image, no role installs it"
     # the exemption is for packages a role really lists and the image has without baking
     assert MINBASE_ESSENTIAL <= set().union(*lists.values()) - set(lab.BASE_PACKAGES)
+
+
+# -------------------------------------------------- 4. what a role masks, the uninstall unmasks
+
+def masked_by_tasks(role):
+    """The unit names the role's task files mask (systemd_service with masked: true), blocks included."""
+    out = set()
+
+    def walk(tasks):
+        for task in tasks or []:
+            for key in ("block", "rescue", "always"):
+                walk(task.get(key))
+            mod = task.get("ansible.builtin.systemd_service") or task.get("ansible.builtin.systemd") or {}
+            if isinstance(mod, dict) and mod.get("masked") is True:
+                out.add(mod["name"])
+    tasks_dir = os.path.join(ROLES, role, "tasks")
+    for name in os.listdir(tasks_dir):
+        walk(yaml_file(os.path.join(tasks_dir, name)))
+    return out
+
+
+def test_the_uninstall_unmasks_every_unit_a_role_masks():
+    masked = {role: masked_by_tasks(role) for role in sorted(os.listdir(ROLES))
+              if os.path.isdir(os.path.join(ROLES, role, "tasks"))}
+    assert masked["cell_nat"] == {"squid.service"}  # control: the walk finds the proxy mode's mask
+    for role, units in masked.items():
+        owned = (role_yaml(role, "vars").get("__%s_owned" % role.lstrip("_")) or {}) if units else {}
+        assert units <= set(owned.get("masked_units", [])), (role, units, owned.get("masked_units"))
+    with open(os.path.join(ROOT, "playbooks", "remove.yml"), encoding="utf-8") as fh:
+        assert "map(attribute='masked_units'" in fh.read()

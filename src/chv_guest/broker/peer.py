@@ -15,6 +15,8 @@ import struct
 import sys
 from typing import Callable, List, Optional, Set, Tuple, TypedDict
 
+from ..wire import protocol
+
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 _UCRED = struct.Struct("3i")
 # macOS <sys/un.h> and <sys/ucred.h>: getsockopt(fd, SOL_LOCAL,
@@ -36,8 +38,9 @@ class _CellRequired(TypedDict):
 
 
 class Cell(_CellRequired, total=False):
-    """A live cell record as load_cells checked it (started: where the record has it)."""
+    """A live cell record as load_cells checked it (started, egress_proxy: where the record has them)."""
     started: float
+    egress_proxy: str  # proxy mode: the cell's proxy URL (chv_guest.cell.argv.proxy_url), for its doors
 
 
 class PeerRejected(Exception):
@@ -122,6 +125,9 @@ def load_cells(cells_dir: str) -> List[Cell]:
         started = rec.get("started")
         if isinstance(started, (int, float)) and not isinstance(started, bool) and started > 0:
             cell["started"] = started
+        proxy = rec.get("egress_proxy")
+        if isinstance(proxy, str) and protocol.PROXY_URL_RE.fullmatch(proxy):
+            cell["egress_proxy"] = proxy
         cells.append(cell)
     return cells
 

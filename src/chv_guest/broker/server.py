@@ -60,14 +60,19 @@ def read_credentials(path: str) -> bytes:
         return b""
 
 
-def worker_spec(scfg: wire.JSONObject, workspace: str, repo: str, argv: List[str], credentials: bytes) -> SyncSpec:
+def worker_spec(scfg: wire.JSONObject, workspace: str, repo: str, argv: List[str], credentials: bytes,
+                proxy: Optional[str] = None) -> SyncSpec:
     """The sync worker's spec for ``workspace`` (syncrun.SyncSpec): the protocols, hosts and limits of
-    chv-broker's sync, and its credential helper when there are ``credentials``."""
-    return {"workspace": workspace, "repo": repo, "argv": argv, "protocols": scfg["protocols"], "hosts": scfg["hosts"],
+    chv-broker's sync, its credential helper when there are ``credentials``, and ``proxy`` (the cell
+    record's egress_proxy, proxy mode) for git's http.proxy."""
+    spec: SyncSpec = {"workspace": workspace, "repo": repo, "argv": argv, "protocols": scfg["protocols"], "hosts": scfg["hosts"],
             # run by the interpreter: the installed package's files are not executable
             "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
                                   if credentials else ""),
             "rlimit_as": int(scfg["rlimit_as"]), "rlimit_cpu": int(scfg["rlimit_cpu"])}
+    if proxy:
+        spec["proxy"] = proxy
+    return spec
 
 
 def worker_argv(scfg: wire.JSONObject) -> List[str]:
@@ -287,7 +292,7 @@ class Broker:
         workspace = os.path.join(self.cfg["workspaces_dir"], cell["slot"])
         uid, gid = self._sync_identity(cell, workspace)
         credentials = read_credentials(scfg["credentials_file"])
-        spec = worker_spec(scfg, workspace, repo, scfg["commands"][action], credentials)
+        spec = worker_spec(scfg, workspace, repo, scfg["commands"][action], credentials, cell.get("egress_proxy"))
         env = dict(WORKER_ENV)
         worker = worker_argv(scfg)
         unit: Optional[str] = None
@@ -362,6 +367,8 @@ class Broker:
         # of the slot instead of serving it (a request that passed this check before its
         # cell ended and reaches chv-browser after the launcher's "end")
         fwd["cell"] = incarnation(cell)
+        if cell.get("egress_proxy"):  # proxy mode: the slot's context goes through the slot's proxy
+            fwd["proxy"] = cell["egress_proxy"]
         bcfg = self.cfg["browser"]
         try:
             reply = wire.call(bcfg["socket"], fwd, bcfg["timeout"])

@@ -460,7 +460,12 @@ def git_env(base_env: Mapping[str, str], ws_real: str, repo: Optional[str] = Non
     return env
 
 
-def git_prefix(protocols: Iterable[str], credential_helper: str) -> List[str]:
+def git_prefix(protocols: Iterable[str], credential_helper: str, proxy: str = "") -> List[str]:
+    """git and the options every sync runs it with; ``proxy`` (the spec's,
+    in proxy mode: the slot's egress proxy) as http.proxy, so that git's
+    http and https remotes go through the proxy with the slot's list (its
+    other protocols have no path out: the kernel drops a door's direct
+    connections in proxy mode)."""
     argv = ["git",
             "-c", "core.hooksPath=/dev/null",
             "-c", "core.fsmonitor=false",
@@ -471,6 +476,8 @@ def git_prefix(protocols: Iterable[str], credential_helper: str) -> List[str]:
         argv += ["-c", "protocol.%s.allow=always" % proto]
     if credential_helper:
         argv += ["-c", "credential.helper=" + credential_helper]
+    if proxy:
+        argv += ["-c", "http.proxy=" + proxy]
     # never into submodules: their git directories (a sub/.git "gitdir:" file, their
     # config, alternates...) are outside what check_git_dir and the key allow-list read
     argv += ["-c", "submodule.recurse=false", "-c", "fetch.recurseSubmodules=false",
@@ -527,6 +534,7 @@ class SyncSpec(_SyncSpecRequired, total=False):
     rlimit_as: int
     rlimit_cpu: int
     clone: "CloneSpec"
+    proxy: str
 
 
 def prepare(spec: SyncSpec, environ: Mapping[str, str],
@@ -548,7 +556,7 @@ def prepare(spec: SyncSpec, environ: Mapping[str, str],
     if os.path.basename(argv[0]) == "git":
         check_git_dir(real)  # before any git command reads the directory
         env = git_env(environ, ws_real, real)
-        prefix = git_prefix(spec.get("protocols", ["https"]), spec.get("credential_helper") or "")
+        prefix = git_prefix(spec.get("protocols", ["https"]), spec.get("credential_helper") or "", spec.get("proxy") or "")
         # config first: any other git command would already honour include.path & co.
         config = parse_config_list(_git_out(prefix, env, "config", "--local", "--no-includes", "--list", "--null"))
         bad = disallowed_git_keys(n.lower() for n, _v in config)
@@ -880,7 +888,7 @@ def run_clone(spec: SyncSpec, url: str, ref: Optional[str], env: Mapping[str, st
     ws = spec["workspace"]
     if os.listdir("."):
         raise Rejected("the slot's workspace is not empty")
-    prefix = git_prefix(spec.get("protocols", ["https"]), spec.get("credential_helper") or "")
+    prefix = git_prefix(spec.get("protocols", ["https"]), spec.get("credential_helper") or "", spec.get("proxy") or "")
     genv = dict(env, GIT_DIR=os.path.join(ws, ".git"), GIT_WORK_TREE=ws)
 
     def must(*args: str, in_repo: bool = True) -> bytes:

@@ -5,7 +5,7 @@ import re
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
-from ..wire.protocol import URL_SCHEMES
+from ..wire.protocol import PROXY_URL_RE, URL_SCHEMES
 
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10: only in annotations, which are never evaluated
@@ -128,6 +128,16 @@ def check_cell(cell: object) -> Optional[str]:
     if not isinstance(cell, str) or not _CELL.fullmatch(cell):
         raise Refused("cell must match [A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
     return cell
+
+
+def check_proxy(proxy: object) -> Optional[str]:
+    """The egress proxy the slot's context must use (proxy mode: chv-broker passes the cell record's
+    egress_proxy, ``http://<the slot's gateway>:<port>``), or None when the request names none."""
+    if proxy is None:
+        return None
+    if not isinstance(proxy, str) or not PROXY_URL_RE.fullmatch(proxy):
+        raise Refused("proxy must be http://<IPv4 address>:<port>")
+    return proxy
 
 
 def admin_peer_problem(uid: int, own_uid_map: str) -> Optional[str]:

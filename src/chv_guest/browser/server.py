@@ -98,7 +98,7 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Dict, Li
 from ..wire import wire
 from .config import DEFAULTS, load_config, validate
 from .policy import (ADMIN_ACTIONS, FIELD_CHECKS, Refused, admin_peer_problem, admit_page, check_cell,
-                     check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
+                     check_proxy, check_slot, is_shot_file, shots_to_prune, truncate, url_allowed)
 from ..wire.protocol import BROWSER_ACTIONS, audit, handlers, known
 
 if TYPE_CHECKING:
@@ -199,6 +199,7 @@ class SlotEntry(TypedDict):
     page: Page  # the slot's own page: the one every operation acts on
     used: float  # time.monotonic() of its last request
     cell: Optional[str]  # the cell incarnation it was made for
+    proxy: Optional[str]  # the egress proxy it goes through (proxy mode), as that incarnation's requests name it
     pages: Set[Page]  # its pages open, its own included
     popups_closed: int  # pages it opened that were closed at once, since its last request ended
 
@@ -207,6 +208,7 @@ class Turn(TypedDict):
     """The request that holds a slot's lock: the cell incarnation it names, the slot's epoch it came in."""
     cell: Optional[str]
     epoch: int
+    proxy: Optional[str]
 
 
 class Engine:
@@ -250,16 +252,19 @@ class Engine:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, op: Callable[..., Awaitable[_T]], slot: str, *args: str, cell: Optional[str] = None) -> _T:
+    def submit(self, op: Callable[..., Awaitable[_T]], slot: str, *args: str, cell: Optional[str] = None,
+               proxy: Optional[str] = None) -> _T:
         """Run ``op(slot, *args)`` on the loop, in turn with ``slot``'s other requests; return its result.
 
         ``cell`` is the identity of the cell incarnation the request is for (policy.check_cell;
         None: not given): a context of the slot made for another one is closed, never served.
+        ``proxy`` (policy.check_proxy; proxy mode) is the egress proxy the slot's context uses:
+        a context made with another one is closed, never served.
         Raises DeadlineExceeded when no answer came within request_timeout.
         """
         timeout = float(self.cfg["request_timeout"])
         deadline = time.monotonic() + timeout
-        fut = asyncio.run_coroutine_threadsafe(self._request(op, slot, args, deadline, cell), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self._request(op, slot, args, deadline, cell, proxy), self.loop)
         try:
             return fut.result(timeout=timeout + LOOP_GRACE)
         except concurrent.futures.CancelledError:
@@ -314,7 +319,7 @@ class Engine:
             float(self.cfg["request_timeout"]), detail)
 
     async def _request(self, op: Callable[..., Awaitable[_T]], slot: str, args: Sequence[str], deadline: float,
-                       cell: Optional[str] = None) -> _T:
+                       cell: Optional[str] = None, proxy: Optional[str] = None) -> _T:
         lock = self._locks.setdefault(slot, asyncio.Lock())
         epoch = self._epochs.get(slot, 0)
         try:
@@ -325,9 +330,9 @@ class Engine:
         try:
             if self._epochs.get(slot, 0) != epoch:
                 raise Refused("the run of this slot's cell that sent this request has ended")
-            self._turns[slot] = {"cell": cell, "epoch": epoch}
+            self._turns[slot] = {"cell": cell, "epoch": epoch, "proxy": proxy}
             entry = self.contexts.get(slot)
-            if entry is not None and entry.get("cell") != cell:
+            if entry is not None and (entry.get("cell") != cell or entry.get("proxy") != proxy):
                 # made for another incarnation of the slot's cell (an earlier run whose end
                 # chv-browser was not told): never served to this one
                 await self._close_slot(slot, "stale-context")
@@ -382,9 +387,12 @@ class Engine:
         finally:
             self._launching = None
 
-    async def _create_context(self, slot: str, cell: Optional[str] = None) -> SlotEntry:
+    async def _create_context(self, slot: str, cell: Optional[str] = None, proxy: Optional[str] = None) -> SlotEntry:
+        # proxy mode: every request of the context goes through the slot's egress proxy (squid applies
+        # the slot's list to it by the source address, the slot's gateway); chromium resolves nothing
         ctx = await (await self._ensure_browser()).new_context(
-            accept_downloads=False, service_workers="block", viewport=self.cfg["viewport"])
+            accept_downloads=False, service_workers="block", viewport=self.cfg["viewport"],
+            proxy={"server": proxy} if proxy else None)
         try:
             ctx.set_default_navigation_timeout(self.cfg["navigation_timeout"] * 1000)
             ctx.set_default_timeout(self.cfg["navigation_timeout"] * 1000)
@@ -393,7 +401,7 @@ class Engine:
             await self._close_context(ctx, None, "new_page failed")
             raise
         entry: SlotEntry
-        entry = {"context": ctx, "page": page, "used": time.monotonic(), "cell": cell,
+        entry = {"context": ctx, "page": page, "used": time.monotonic(), "cell": cell, "proxy": proxy,
                  "pages": {page}, "popups_closed": 0}
         # registered once the slot's own page exists: every page after it is one the page opened
         ctx.on("page", lambda new: self._on_page(slot, entry, new))
@@ -447,9 +455,9 @@ class Engine:
         if entry is None:
             if not create:
                 raise Refused("no page open for this slot; use open first")
-            turn = self._turns.get(slot) or {"cell": None, "epoch": self._epochs.get(slot, 0)}
+            turn = self._turns.get(slot) or {"cell": None, "epoch": self._epochs.get(slot, 0), "proxy": None}
             # shielded: a deadline mid-creation must not leave a context in chromium that nobody owns
-            task = self.loop.create_task(self._create_context(slot, turn["cell"]))
+            task = self.loop.create_task(self._create_context(slot, turn["cell"], turn["proxy"]))
             try:
                 created = await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -621,9 +629,15 @@ class Engine:
 
 
 def cell_of(req: wire.JSONObject) -> Dict[str, str]:
-    """Engine.submit's keyword for the cell incarnation a request names (policy.check_cell), if any."""
-    cell = check_cell(req.get("cell"))
-    return {} if cell is None else {"cell": cell}
+    """Engine.submit's keywords for the cell incarnation a request names (policy.check_cell) and
+    the egress proxy its context uses (policy.check_proxy), where the request has them."""
+    out = {}
+    cell, proxy = check_cell(req.get("cell")), check_proxy(req.get("proxy"))
+    if cell is not None:
+        out["cell"] = cell
+    if proxy is not None:
+        out["proxy"] = proxy
+    return out
 
 
 class Server:

@@ -161,16 +161,29 @@ def host_path_of(cell_path: str, policy: Policy, slot: Slot,
 NO_PROXY = "localhost,127.0.0.1,::1"
 
 
+def proxy_url(policy: Policy, slot: Slot) -> Optional[str]:
+    """The slot's egress proxy, ``http://<the slot's gateway>:<port>``, with
+    the policy's egress_proxy; None without it. The one place the URL is
+    made: the cell's proxy variables and its record's ``egress_proxy`` (which
+    chv-broker hands to the doors acting for the slot: chv-browser's context,
+    the sync worker's git) are this string. A door's connection to it comes
+    from the gateway address itself, inside the slot's subnet, so squid's
+    per-source ACL applies the slot's list to the door as to the cell."""
+    proxy = policy.get("egress_proxy")
+    if not proxy:
+        return None
+    return "http://%s:%d" % (slot["gateway"], proxy["port"])
+
+
 def proxy_environment(policy: Policy, slot: Slot) -> Dict[str, str]:
     """With the policy's egress_proxy, the variables git, pip, npm, curl and
     the model clients read to use a proxy (both cases: curl reads only the
-    lower-case http_proxy), pointing at the proxy on the slot's own gateway;
-    without it, none. A client that ignores them finds no route (the guest
-    drops every other packet of the cell) and no resolver."""
-    proxy = policy.get("egress_proxy")
-    if not proxy:
+    lower-case http_proxy), pointing at the proxy on the slot's own gateway
+    (proxy_url); without it, none. A client that ignores them finds no route
+    (the guest drops every other packet of the cell) and no resolver."""
+    url = proxy_url(policy, slot)
+    if url is None:
         return {}
-    url = "http://%s:%d" % (slot["gateway"], proxy["port"])
     env = {}
     for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
         env[name] = env[name.lower()] = url

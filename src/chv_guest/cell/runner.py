@@ -233,6 +233,9 @@ class Launcher(launchermod.Launcher):
             "uid_size": slot["uid_size"],
             "started": round(time.time(), 3),
         }
+        url = argvmod.proxy_url(self.policy, slot)
+        if url is not None:  # proxy mode: the doors acting for this cell use the cell's own proxy URL
+            rec["egress_proxy"] = url
         rec.update(self.record_extra, **extra)
         records.write(paths["record"], rec)
 

@@ -12,6 +12,7 @@ not in these tables is refused.
 from __future__ import annotations
 
 import json
+import re
 from typing import IO, Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, TypedDict
 from urllib.parse import urlsplit
 
@@ -44,6 +45,11 @@ OPS: dict[str, OpSpec] = {
 
 # The only URL schemes a cell may have the browser open.
 URL_SCHEMES = ("http", "https")
+
+# Proxy mode (docs/network.md "Egress by name"): a cell's egress proxy as the
+# launcher writes it into the cell's record (chv_guest.cell.argv.proxy_url),
+# chv-broker reads it (peer.load_cells) and chv-browser takes it (check_proxy).
+PROXY_URL_RE = re.compile(r"http://[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}")
 
 
 def known(table: Mapping[str, object], name: object) -> bool:

@@ -12,15 +12,19 @@ Nothing leaves the namespaces."""
 
 import ipaddress
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import cellnat_lab
 import egress_lab
 from cellnat_lab import run
 from egress_lab import ENTRIES, PORT, PROBE, RESOLVER, ProxyLab
 
+from chv_guest.broker import server as brokerserver
 from chv_guest.cell import argv as argvmod
 from chv_guest.cell import egresslog
 from chv_guest.cell import ruleset
@@ -221,3 +225,78 @@ def test_a_new_list_applies_to_new_connections_and_open_tunnels_stay(plab):
         held.wait()
         lab.reconfigure_squid(lab.proxy)
     assert lab.connect(lab.cell_a, "allowed.test")["body"] == "hello from 198.20.1.1:443"
+
+
+# ------------------------------------------------------------ the doors (chv-browser, the sync worker's git)
+
+SYNCRUN = Path(__file__).resolve().parents[3] / "src" / "chv_guest" / "broker" / "syncrun.py"
+
+
+def _as_door(lab, index, *argv, **kw):
+    """argv in the guest as slot ``index``'s UID (a sync worker's; a door_uids member)."""
+    uid = lab.slots[index]["uid_base"]
+    return subprocess.run(["ip", "netns", "exec", lab.guest, "setpriv", "--reuid=%d" % uid, "--regid=%d" % uid,
+                           "--clear-groups"] + [str(a) for a in argv], capture_output=True, text=True, timeout=60,
+                          check=False, **kw)
+
+
+def _sync(lab, index, remote):
+    """chv-broker's sync worker (syncrun.py, the spec as Broker.op_sync makes it: worker_spec with the
+    record's egress_proxy) fetching from ``remote`` into a fresh workspace of slot ``index``; its result."""
+    uid = lab.slots[index]["uid_base"]
+    ws = lab.work / ("ws-%d-%d" % (index, len(list(lab.work.glob("ws-*")))))
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(ws)], env=env, check=True)
+    subprocess.run(["git", "-C", str(ws), "remote", "add", "origin", remote], env=env, check=True)
+    subprocess.run(["chown", "-R", "%d:%d" % (uid, uid), str(ws)], check=True)
+    scfg = {"protocols": ["http", "https"], "hosts": [], "python": sys.executable,
+            "rlimit_as": 0, "rlimit_cpu": 0}
+    spec = brokerserver.worker_spec(scfg, str(ws), ".", ["git", "fetch", "-q", "origin"], b"", lab.door_url(index))
+    proc = _as_door(lab, index, sys.executable, "-I", SYNCRUN, json.dumps(spec), stdin=subprocess.DEVNULL)
+    head = subprocess.run(["git", "-C", str(ws), "rev-parse", "--verify", "-q", "origin/main"],
+                          env=dict(env, GIT_DIR=str(ws / ".git")), capture_output=True, text=True, check=False)
+    return proc, head.stdout.strip()
+
+
+def test_the_sync_doors_git_fetches_from_an_allowed_host_and_a_denied_one_gets_no_byte(plab):
+    lab = plab
+    logged = len(lab.log_lines())
+    proc, head = _sync(lab, 0, "http://git.test/repo.git")
+    assert proc.returncode == 0, proc.stderr
+    assert len(head) == 40                                                     # control: fetched, through the proxy
+    assert lab.reached(egress_lab.GIT_ADDR + ":80")
+    proc, head = _sync(lab, 0, "http://denied.test/repo.git")
+    assert proc.returncode != 0 and head == ""
+    assert "403" in proc.stderr
+    assert lab.reached("198.20.2.1:80") == []                                   # not a byte reached it
+    assert lab.queried("denied.test") == []
+    # the door cannot go around the proxy: its direct connection is refused by the kernel (drop_door_direct)
+    lab.probe(lab.guest, "198.20.2.1", 80)
+    assert len(lab.reached("198.20.2.1:80")) == 1                              # control: the guest's root reaches it
+    direct = _as_door(lab, 0, sys.executable, cellnat_lab.PROBE, "probe", "tcp", "198.20.2.1", 80, 2)
+    assert direct.returncode != 0
+    assert len(lab.reached("198.20.2.1:80")) == 1
+    counter = json.loads(run("nft", "-j", "list", "counter", "inet", "chv_cell", "drop_door_direct",
+                             ns=lab.guest).stdout)["nftables"][1]["counter"]
+    assert counter["packets"] >= 1
+    got = [(r["slot"], r["src"], r["host"], r["verdict"]) for r in lab.log_lines()[logged:]]
+    gateway = lab.slots[0]["gateway"]
+    assert ("slot0", gateway, "git.test", "allowed") in got                    # the door's lines: the slot's,
+    assert ("slot0", gateway, "denied.test", "denied") in got                  # from its gateway address
+    assert all(r[1] == gateway for r in got)
+
+
+def test_a_door_gets_the_list_of_the_slot_it_acts_for(plab):
+    """group.test is slot1's only (slot_group second): the door through slot1's proxy URL reaches it,
+    through slot0's it is refused; a cell of slot1 is the control that the name works for slot1."""
+    lab = plab
+    logged = len(lab.log_lines())
+    assert lab.connect(lab.cell_b, "group.test")["body"] == "hello from 198.20.1.1:443"     # control: a cell
+    for index, expect in ((1, "HTTP/1.1 200 Connection established"), (0, "HTTP/1.1 403 Forbidden")):
+        host, port = lab.door_url(index)[len("http://"):].split(":")
+        out = _as_door(lab, index, sys.executable, PROBE, "connect", host, port, "group.test", 443)
+        assert json.loads(out.stdout)["proxy"] == expect, out.stderr
+    got = [(r["slot"], r["host"], r["verdict"]) for r in lab.log_lines()[logged:]]
+    assert got == [("slot1", "group.test", "allowed"), ("slot1", "group.test", "allowed"),
+                   ("slot0", "group.test", "denied")]
+

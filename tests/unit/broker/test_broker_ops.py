@@ -164,16 +164,18 @@ def test_browser_requests_name_the_run_they_are_for(tmp_path):
             with conn:
                 got.append(json.loads(conn.makefile("rb").readline()))
                 conn.sendall(b'{"ok": true, "result": {}}\n')
-    t = threading.Thread(target=serve, args=(2,), daemon=True)
+    t = threading.Thread(target=serve, args=(3,), daemon=True)
     t.start()
     b = broker(browser={"socket": path, "timeout": 5.0})
     run1 = dict(CELL, pid=4242, started=1764645000.123)
     run2 = dict(CELL, pid=4242, started=1764645007.5)  # the same pid, reused by the next run
-    for cell in (run1, run2):
+    run3 = dict(run2, egress_proxy="http://10.200.0.1:3128")  # proxy mode: the record's proxy URL
+    for cell in (run1, run2, run3):
         assert b.dispatch(cell, {"op": "browser", "action": "snapshot"}) == {}
     t.join(5)
     srv.close()
-    assert [r["cell"] for r in got] == ["4242.1764645000123", "4242.1764645007500"]
+    assert [r["cell"] for r in got] == ["4242.1764645000123", "4242.1764645007500", "4242.1764645007500"]
+    assert [r.get("proxy") for r in got] == [None, None, "http://10.200.0.1:3128"]
     assert got[0]["slot"] == "slot0" and got[0]["action"] == "snapshot"
     assert peer.incarnation({"pid": 7}) == "7"  # a record without its start time: the pid alone
 
@@ -184,6 +186,10 @@ def test_cell_records_carry_their_start_time_to_the_broker(tmp_path):
     rec = {"slot": "slot0", "pid": 4242, "uid_base": 100000, "uid_size": 65536, "started": 1764645000.123}
     (tmp_path / "slot0.json").write_text(json.dumps(rec))
     (tmp_path / "slot1.json").write_text(json.dumps(dict(rec, slot="slot1", started="soon")))
+    (tmp_path / "slot2.json").write_text(json.dumps(dict(rec, slot="slot2", egress_proxy="http://10.200.2.1:3128")))
+    (tmp_path / "slot3.json").write_text(json.dumps(dict(rec, slot="slot3", egress_proxy="socks5://10.0.0.1:1")))
     cells = peer.load_cells(str(tmp_path))
     assert cells[0]["started"] == 1764645000.123
     assert "started" not in cells[1]  # not a number: left out, the record still counts
+    assert cells[2]["egress_proxy"] == "http://10.200.2.1:3128"  # proxy mode: for the doors acting for it
+    assert "egress_proxy" not in cells[3] and "egress_proxy" not in cells[0]  # not the launcher's form: left out

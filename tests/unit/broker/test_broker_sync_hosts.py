@@ -356,6 +356,17 @@ def test_submodule_recursion_is_always_off():
         assert opt in prefix
 
 
+def test_the_sync_worker_gets_the_cells_proxy_as_gits_http_proxy():
+    """Proxy mode: the cell record's egress_proxy goes into the worker's spec (worker_spec) and
+    from there into git's http.proxy (git_prefix); without it, no proxy option at all."""
+    scfg = server.merge(server.DEFAULTS, {})["sync"]
+    spec = server.worker_spec(scfg, "/ws", ".", ["git", "fetch"], b"", "http://10.200.0.1:3128")
+    assert spec["proxy"] == "http://10.200.0.1:3128"
+    assert "proxy" not in server.worker_spec(scfg, "/ws", ".", ["git", "fetch"], b"", None)
+    assert git_prefix(["https"], "", spec["proxy"])[-12:-10] == ["-c", "http.proxy=http://10.200.0.1:3128"]
+    assert not any(a.startswith("http.proxy") for a in git_prefix(["https"], ""))
+
+
 def test_broker_refuses_a_bad_host_entry_at_start():
     server.Broker(server.merge(server.DEFAULTS, {"sync": {"hosts": ["git.example.org", "[::1]:22"]}}))
     for bad in (["https://git.example.org"], ["host:0"], "git.example.org"):

@@ -40,6 +40,14 @@ def test_cell_identity_and_pages_per_slot_checks():
     for bad in ("", "../x", "a b", 7, "x" * 129):
         with pytest.raises(policy.Refused):
             policy.check_cell(bad)
+    # proxy mode: the egress proxy chv-broker forwards from the cell record, and only that form
+    assert policy.check_proxy(None) is None
+    assert policy.check_proxy("http://10.200.0.1:3128") == "http://10.200.0.1:3128"
+    assert server.cell_of({"cell": "7", "proxy": "http://10.200.0.1:3128"}) == {
+        "cell": "7", "proxy": "http://10.200.0.1:3128"}
+    for bad in ("", "socks5://10.0.0.1:1", "http://proxy.example:3128", "http://10.0.0.1:3128/x", 3128):
+        with pytest.raises(policy.Refused):
+            policy.check_proxy(bad)
     assert server.config_problem(dict(server.DEFAULTS, pages_per_slot=1)) is None
     for bad in (0, -1, True, "4", 2.5):
         assert server.config_problem(dict(server.DEFAULTS, pages_per_slot=bad)).startswith(

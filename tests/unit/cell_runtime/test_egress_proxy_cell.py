@@ -45,6 +45,20 @@ def test_proxy_mode_points_every_proxy_variable_at_the_slots_own_gateway():
     assert env["FOO"] == "bar"
 
 
+def test_the_doors_get_the_cells_own_proxy_url_through_its_record():
+    """argv.proxy_url is the cell's HTTPS_PROXY and its record's egress_proxy (Runner.write_record),
+    in the form chv-broker reads back (wire.protocol.PROXY_URL_RE) and chv-browser takes (policy.check_proxy)."""
+    from chv_guest.wire import protocol
+    from chv_guest.browser import policy as browser_policy
+
+    policy = merged(egress_proxy={"port": 3128})
+    for index, slot in enumerate(policy["slots"]):
+        url = argvmod.proxy_url(policy, slot)
+        assert url == env_of(policy, slot=index)["HTTPS_PROXY"]
+        assert protocol.PROXY_URL_RE.fullmatch(url) and browser_policy.check_proxy(url) == url
+    assert argvmod.proxy_url(merged(), policy["slots"][0]) is None          # control: cidr mode, none
+
+
 def test_cidr_mode_sets_no_proxy_variable():
     """Control: without egress_proxy (the default) a cell gets none of them."""
     env = env_of(merged())

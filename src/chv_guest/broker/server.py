@@ -65,11 +65,12 @@ def worker_spec(scfg: wire.JSONObject, workspace: str, repo: str, argv: List[str
     """The sync worker's spec for ``workspace`` (syncrun.SyncSpec): the protocols, hosts and limits of
     chv-broker's sync, its credential helper when there are ``credentials``, and ``proxy`` (the cell
     record's egress_proxy, proxy mode) for git's http.proxy."""
-    spec: SyncSpec = {"workspace": workspace, "repo": repo, "argv": argv, "protocols": scfg["protocols"], "hosts": scfg["hosts"],
-            # run by the interpreter: the installed package's files are not executable
-            "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
-                                  if credentials else ""),
-            "rlimit_as": int(scfg["rlimit_as"]), "rlimit_cpu": int(scfg["rlimit_cpu"])}
+    spec: SyncSpec = {
+        "workspace": workspace, "repo": repo, "argv": argv, "protocols": scfg["protocols"], "hosts": scfg["hosts"],
+        # run by the interpreter: the installed package's files are not executable
+        "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
+                              if credentials else ""),
+        "rlimit_as": int(scfg["rlimit_as"]), "rlimit_cpu": int(scfg["rlimit_cpu"])}
     if proxy:
         spec["proxy"] = proxy
     return spec

@@ -232,12 +232,16 @@ def test_a_new_list_applies_to_new_connections_and_open_tunnels_stay(plab):
 SYNCRUN = Path(__file__).resolve().parents[3] / "src" / "chv_guest" / "broker" / "syncrun.py"
 
 
-def _as_door(lab, index, *argv, **kw):
-    """argv in the guest as slot ``index``'s UID (a sync worker's; a door_uids member)."""
-    uid = lab.slots[index]["uid_base"]
+def _as_uid(lab, uid, *argv, **kw):
+    """argv in the guest as ``uid``."""
     return subprocess.run(["ip", "netns", "exec", lab.guest, "setpriv", "--reuid=%d" % uid, "--regid=%d" % uid,
                            "--clear-groups"] + [str(a) for a in argv], capture_output=True, text=True, timeout=60,
                           check=False, **kw)
+
+
+def _as_door(lab, index, *argv, **kw):
+    """argv in the guest as slot ``index``'s UID (a sync worker's; a door_uids member)."""
+    return _as_uid(lab, lab.slots[index]["uid_base"], *argv, **kw)
 
 
 def _sync(lab, index, remote):
@@ -299,4 +303,20 @@ def test_a_door_gets_the_list_of_the_slot_it_acts_for(plab):
     got = [(r["slot"], r["host"], r["verdict"]) for r in lab.log_lines()[logged:]]
     assert got == [("slot1", "group.test", "allowed"), ("slot1", "group.test", "allowed"),
                    ("slot0", "group.test", "denied")]
+
+
+def test_no_other_process_of_the_guest_reaches_the_proxy_on_a_slots_gateway(plab):
+    """squid takes a connection from a slot's gateway for that slot's (its list, its log): only the doors
+    make one. A process of the guest that is no door (uid 65533) gets no connection and drop_proxy_outside
+    counts it, nor a line in the proxy's log; the control: slot0's door, the same command, is answered."""
+    lab = plab
+    before, logged = lab.counters(), len(lab.log_lines())
+    host, port = lab.door_url(0)[len("http://"):].split(":")
+    probe = (sys.executable, PROBE, "connect", host, port, "allowed.test", 443)
+    door = _as_door(lab, 0, *probe)
+    assert json.loads(door.stdout)["proxy"] == "HTTP/1.1 200 Connection established", door.stderr
+    other = _as_uid(lab, 65533, *probe)
+    assert json.loads(other.stdout)["proxy"].startswith("ERROR"), (other.stdout, other.stderr)
+    assert lab.counters()["drop_proxy_outside"] - before["drop_proxy_outside"] >= 1
+    assert [(r["slot"], r["host"]) for r in lab.log_lines()[logged:]] == [("slot0", "allowed.test")]
 

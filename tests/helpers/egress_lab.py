@@ -14,6 +14,7 @@ bench/bench_egress.py; every address lives only inside the namespaces.
     git.test                         -> 198.20.3.1 (a static HTTP server of a bare git repository)
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -45,6 +46,22 @@ GIT_ADDR = "198.20.3.1"
 # every entry the ruleset and squid get (the names a cell may ask for)
 ENTRIES = ["allowed.test", {"name": "allowed.test", "port": 80}, "*.wild.test", "private.test", "metadata.test",
            "guest.test", {"name": "group.test", "slot_group": "second"}, {"name": "git.test", "port": 80}]
+
+
+@contextlib.contextmanager
+def running_lab(door_drop_ins=None):
+    """A ProxyLab up, its proxy-mode ruleset applied (with ``door_drop_ins``: {file name: nft text} in its
+    door drop-in directory first, as a role writes one) and squid started; down afterwards."""
+    lab = ProxyLab()
+    try:
+        lab.up()
+        for name, text in (door_drop_ins or {}).items():
+            (lab.door_dir / name).write_text(text)
+        lab.apply_proxy()
+        lab.start_squid()
+        yield lab
+    finally:
+        lab.down()
 
 
 def lab_available():

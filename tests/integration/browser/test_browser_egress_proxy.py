@@ -15,7 +15,6 @@ import pytest
 
 import browser_helpers
 import egress_lab
-from egress_lab import ProxyLab
 
 _SKIP = egress_lab.lab_available() or browser_helpers.SKIP_REASON
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
@@ -23,15 +22,8 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 @pytest.fixture(scope="module")
 def plab():
-    lab = ProxyLab()
-    try:
-        lab.up()
-        (lab.door_dir / "chv-browser.nft").write_text("add element inet chv_cell door_uids { 65534 }\n")
-        lab.apply_proxy()
-        lab.start_squid()
+    with egress_lab.running_lab({"chv-browser.nft": "add element inet chv_cell door_uids { 65534 }\n"}) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 def test_chv_browser_opens_an_allowed_name_and_is_refused_a_denied_one_through_the_slots_proxy(plab):

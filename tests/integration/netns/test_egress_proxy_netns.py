@@ -22,7 +22,7 @@ import pytest
 import cellnat_lab
 import egress_lab
 from cellnat_lab import run
-from egress_lab import ENTRIES, PORT, PROBE, RESOLVER, ProxyLab
+from egress_lab import ENTRIES, PORT, PROBE, RESOLVER
 
 from chv_guest.broker import server as brokerserver
 from chv_guest.cell import argv as argvmod
@@ -35,14 +35,8 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 @pytest.fixture(scope="module")
 def plab():
-    lab = ProxyLab()
-    try:
-        lab.up()
-        lab.apply_proxy()
-        lab.start_squid()
+    with egress_lab.running_lab() as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 def test_an_allowed_name_is_reached_and_a_denied_name_refused_before_any_byte_or_query(plab):

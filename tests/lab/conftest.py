@@ -7,20 +7,19 @@ the hardest fresh host for site.yml's check mode."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 
 import pytest
 
-from testpaths import LAB_PLAYBOOKS, ROOT
+from test_lab import playbook
+from testpaths import ROOT
 
 BIN = os.path.dirname(sys.executable)
 LAB = "lsite"
 INVENTORY = "/var/lib/chv-fleet-lab/%s/inventory.yml" % LAB
 GUESTS = 2  # more than one: the guests share the lab's network and table
-LAB_ARGS = ["-e", "lab_name=" + LAB, "-e", "lab_network=10.99.32.0/28", "-e", "lab_count=%d" % GUESTS,
-            "-e", "lab_image_variant=minimal"]
+LAB_VARS = ["lab_name=" + LAB, "lab_network=10.99.32.0/28", "lab_count=%d" % GUESTS, "lab_image_variant=minimal"]
 
 
 def run(argv):
@@ -29,10 +28,8 @@ def run(argv):
 
 
 def lab(name):
-    """lab_up.yml or lab_down.yml on the shared lab: (process, the recap's counts)."""
-    proc = run([os.path.join(BIN, "ansible-playbook"), os.path.join(LAB_PLAYBOOKS, name)] + LAB_ARGS)
-    recap = re.search(r"localhost\s+:\s+(.*)", proc.stdout.split("PLAY RECAP")[-1])
-    return proc, dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))) if recap else {}
+    """lab_up.yml or lab_down.yml on the shared lab: (exit code, the recap's counts, the output)."""
+    return playbook(name, *LAB_VARS)
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +37,8 @@ def site_lab():
     """lab.json of the shared lab, brought up once; down after the session
     (a no-op after test_site_bad_input.py's test_lab_down_leaves_nothing)."""
     lab("lab_down.yml")
-    up = lab("lab_up.yml")[0]
-    assert up.returncode == 0, up.stdout[-3000:]
+    rc, dummy_counts, out = lab("lab_up.yml")
+    assert rc == 0, out[-3000:]
     with open(os.path.join(os.path.dirname(INVENTORY), "lab.json")) as fh:
         yield json.load(fh)
     lab("lab_down.yml")

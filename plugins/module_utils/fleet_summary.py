@@ -4,7 +4,8 @@
 """One line per host at the end of a chv.fleet run (the fleet_summary
 callback): what the run did to the host, from Ansible's own counts, the
 first failure, and what the playbooks recorded with set_stats (per host:
-chv_fleet_state, chv_fleet_batch, chv_fleet_drain, chv_fleet_gate).
+chv_fleet_state, chv_fleet_batch, chv_fleet_path, chv_fleet_drain,
+chv_fleet_gate).
 
 Pure: the callback hands in plain data, the tests call it directly."""
 
@@ -13,7 +14,7 @@ __metaclass__ = type
 
 # what a playbook records per host (ansible.builtin.set_stats, per_host), in
 # the order shown
-RECORDED = (('chv_fleet_batch', 'batch'), ('chv_fleet_drain', 'drain'), ('chv_fleet_gate', 'gate'))
+RECORDED = (('chv_fleet_batch', 'batch'), ('chv_fleet_path', 'path'), ('chv_fleet_drain', 'drain'), ('chv_fleet_gate', 'gate'))
 # a failure message is cut to this many characters (the full one is above in the log)
 MESSAGE_MAX = 300
 

@@ -1,5 +1,8 @@
 """`ansible-playbook --list-tasks` with each role's platform tasks in it.
 
+Each role's tasks/main.yml includes its tasks/converge.yml (site.yml's fast
+path skips that include); it is expanded the same way.
+
 Every role's tasks/main.yml includes its platform's task file dynamically
 (`include_tasks: "{{ ansible_facts['system'] | lower }}.yml"`, so that a host
 lists no task of another platform), and --list-tasks shows an include, not
@@ -24,6 +27,8 @@ from ansible.playbook.task_include import TaskInclude
 from ansible.template import Templar
 
 PLATFORM_KEY = "ansible_facts['system']"
+# each role's main.yml includes its tasks from converge.yml (site.yml's fast path skips that include)
+BODY = "converge.yml"
 
 
 def platform_file(task):
@@ -31,7 +36,7 @@ def platform_file(task):
     if not isinstance(task, TaskInclude) or task.action not in ("include_tasks", "ansible.builtin.include_tasks"):
         return None
     name = task.args.get("_raw_params") or task.args.get("file")
-    return name if isinstance(name, str) and PLATFORM_KEY in name else None
+    return name if isinstance(name, str) and (PLATFORM_KEY in name or name == BODY) else None
 
 
 def expand(block, play, system, all_vars):

@@ -254,7 +254,7 @@ def test_the_entry_points_get_the_platforms_python_and_debian_the_same_bytes():
 
 
 # A host lists only its platform's tasks (docs/operations.md, "Output"): each
-# role's tasks/main.yml includes tasks/linux.yml or tasks/darwin.yml by the
+# role's tasks/converge.yml (which main.yml includes) includes tasks/linux.yml or tasks/darwin.yml by the
 # facts, dynamically, so the other platform's file is never loaded for it
 # (an import with `when:` would list each of its tasks as skipped). An
 # include's own tags do not reach what it includes: every task of a platform
@@ -267,11 +267,11 @@ PLATFORM_INCLUDE = "{{ ansible_facts['system'] | lower }}.yml"
 
 
 def task_files_naming(role, names):
-    """The role's task files (but main.yml) whose text names one of names."""
+    """The role's task files (but main.yml and converge.yml) whose text names one of names."""
     out = []
     for path in sorted(glob.glob(os.path.join(ROOT, "roles", role, "tasks", "*.yml"))):
         with open(path, encoding="utf-8") as fh:
-            if os.path.basename(path) != "main.yml" and any(n in fh.read() for n in names):
+            if os.path.basename(path) not in ("main.yml", "converge.yml") and any(n in fh.read() for n in names):
                 out.append(os.path.basename(path))
     return out
 
@@ -283,7 +283,7 @@ def platform_loads(main):
 
 @pytest.mark.parametrize("role", sorted(ROLES) + ["metrics"])
 def test_a_role_loads_only_its_platforms_task_file(role):
-    main = load("roles", role, "tasks", "main.yml")
+    main = load("roles", role, "tasks", "converge.yml")
     files = [f for f in ("linux.yml", "darwin.yml") if os.path.exists(os.path.join(ROOT, "roles", role, "tasks", f))]
     naming = platform_loads(main)
     assert len(naming) == 1, naming

@@ -21,8 +21,11 @@ its message must be the launcher's fail-closed check.
   cell_nat (after the ruleset file was written, before its reload) and
   during the handlers (chv-broker's restart): in between, no cell starts
   unisolated; the next converge completes, loads the ruleset the file holds
-  and restarts chv-broker if the killed run did not, the one after changes
-  nothing, and the ledger is byte for byte the same throughout.
+  and restarts chv-broker if the killed run did not; the one after takes the
+  fast path (at most 20 module runs, changed=0), and after a file of the
+  roles is removed and a unit stopped the next run takes the full path and
+  repairs exactly those two; the ledger is byte for byte the same
+  throughout.
 
 They run after every other test but those that end the guest further
 (ends_the_guest, order 0): the reboot empties /run and the converges leave a
@@ -40,6 +43,7 @@ import pytest
 
 from conftest import CLIENT, CONVERGE, LAB_ROOT, OutsideHTTP, html, inventory_argv, lab_guest, lab_record, \
     only_in, run_converge, unit_value
+from playbook_output import module_runs
 
 # before the other tests that end the guest (test_doors.py releases a slot; these need both slots
 # and the ledger as converged)
@@ -51,6 +55,10 @@ LOADED = "/run/chv-cell-nat/loaded.sha256"  # what chv-cell-nat.service loaded (
 PORT = 18760
 FILLER = "/run/chv-faults-filler"
 MARKER = "/run/chv-fleet/chv-broker.restart-pending"  # a restart of chv-broker owed (roles/broker/vars/main.yml)
+# what a converge changes after the sudoers drop-in was removed and the tasks' timer stopped
+REPAIRED = {"chv.fleet.cell_runtime : Let the agent group run cells through sudo (exactly chv-cell-agent), render the "
+            "cell policy, install the warm cells' units",
+            "chv.fleet.cell_runtime : Enable and start the timer that tears down expired tasks"}
 
 
 def health(host):
@@ -289,10 +297,31 @@ def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_
     assert "198.51.100.92" in table and "198.51.100.91" not in table, table
     with host.sudo():
         assert not host.file(MARKER).exists  # chv-broker has started since its configuration changed
-    proc, recap, changed = run_converge(["-e", json.dumps(second)])
-    lap("no-change converge")
-    assert recap[name]["changed"] == 0 and recap[name]["failed"] == 0, (changed, proc.stdout[-3000:])
-    assert sha256(host, LEDGER) == ledger
-    # (both converges ended with site.yml's health gate: chv-cell health from a real cell, healthy)
+    # (it ended with site.yml's health gate: chv-cell health from a real cell, healthy)
     assert "%s: healthy (" % name in proc.stdout, proc.stdout[-3000:]
+    # The fast path (docs/operations.md "A run that changes nothing"): that converge's gate passed, so it
+    # recorded what it left; the next run with the same inputs finds the host so, in a handful of module
+    # runs (-vvv: one SSH EXEC each), and runs neither the roles nor the gate's cell.
+    proc, recap, changed = run_converge(["-vvv", "-e", json.dumps(second)])
+    lap("fast no-change converge")
+    assert recap[name]["changed"] == 0 and recap[name]["failed"] == 0, (changed, proc.stdout[-3000:])
+    assert re.search(r"^%s: ok, changed=0, batch: 1 of 1, path: fast " % name, proc.stdout, re.M), proc.stdout[-3000:]
+    runs = sum(module_runs(proc.stdout).values())
+    assert 0 < runs <= 20, runs
+    # ... and it does not hide a change: a file of the roles removed and a unit stopped on the guest take
+    # the next run the full way, which repairs exactly those (the full path's no-change check: nothing
+    # else changes), with its gate
+    with host.sudo():
+        sudoers = host.check_output("sha256sum /etc/sudoers.d/chv-cell")
+        host.run_expect([0], "rm /etc/sudoers.d/chv-cell && systemctl stop chv-cell-task-reap.timer")
+    proc, recap, changed = run_converge(["-e", json.dumps(second)])
+    lap("repairing converge")
+    assert re.search(r"^%s: ok, changed=2, batch: 1 of 1, path: full \(/etc/sudoers.d/chv-cell: gone\)" % name,
+                     proc.stdout, re.M), proc.stdout[-3000:]
+    assert set(changed) == REPAIRED, changed
+    assert "%s: healthy (" % name in proc.stdout, proc.stdout[-3000:]
+    with host.sudo():
+        assert host.check_output("sha256sum /etc/sudoers.d/chv-cell") == sudoers
+        assert host.check_output("systemctl is-active chv-cell-task-reap.timer") == "active"
+    assert sha256(host, LEDGER) == ledger
     print("between the kills: %s; %s" % (outcomes, ", ".join(phases)))

@@ -209,7 +209,7 @@ def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(t
         summary = out.split("CHV.FLEET SUMMARY", 1)[1]
         assert re.search(r"^guest-b: unreachable, skipped, changed=0$", summary, re.M), summary
         for name, batch in (("guest-a", "1 of 2"), ("guest-c", "2 of 2")):
-            line = re.search(r"^%s: ok, changed=\d+, batch: %s, drain: .*waiting for 1 cell.*gate: .*" % (name, batch),
+            line = re.search(r"^%s: ok, changed=\d+, batch: %s, path: full .*, drain: .*waiting for 1 cell.*gate: .*" % (name, batch),
                              summary, re.M)
             assert line and "healthy" in line.group(0), summary
     finally:

@@ -109,6 +109,17 @@ def test_more_unreachable_hosts_than_the_allowance_stop_the_run_before_any_chang
         in out, out[-3000:]
 
 
+def test_bad_fast_path_settings_are_refused_naming_each_before_any_host_changes(tmp_path):
+    proc, out = site(tmp_path, extra={"chv_fleet_full_converge": "sometimes", "chv_fleet_gate_max_age": "1h"})
+    assert proc.returncode != 0, out[-3000:]
+    assert 'chv_fleet_full_converge must be true or false, got "sometimes"' in out, out[-3000:]
+    assert 'chv_fleet_gate_max_age must be a number of seconds >= 0, got "1h"' in out, out[-3000:]
+    assert batches(out) == [], out[-3000:]
+    # control: good values pass the same run
+    proc, out = site(tmp_path, extra={"chv_fleet_full_converge": True, "chv_fleet_gate_max_age": 600})
+    assert proc.returncode == 0, out[-3000:]
+
+
 PHASES = ("install", "configure", "service")
 
 

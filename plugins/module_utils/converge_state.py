@@ -96,7 +96,7 @@ def parse_units(text):
                 units[cur["Id"]] = {"file": cur.get("UnitFileState", ""), "active": cur.get("ActiveState", "")}
             cur = {}
             continue
-        key, _, value = line.partition("=")
+        key, value = line.split("=", 1) if "=" in line else (line, "")
         cur[key] = value
     return units
 

@@ -11,14 +11,14 @@ module: converge_state
 short_description: Whether the last converge of chv.fleet still holds on a host, in one module run
 description:
   - The fast path of C(site.yml) (docs/operations.md, "A run that changes nothing"). With O(state=verify) it
-    reads the stamp the last converge wrote and compares it with the host and the run: the digest of the run's
+    reads the stamp the last converge wrote and compares it with the host and the run; the digest of the run's
     inputs (O(digest), from the filter P(chv.fleet.converge_digest#filter)) and, for everything O(want) names,
-    what is on the host now. RV(fresh) is true only when the digest is the same and nothing differs: a file
+    what is on the host now. RV(fresh) is true only when the digest is the same and nothing differs; a file
     changed, added or removed under the owned paths (type, mode, owner, inode, size, change time), a unit
     enabled, disabled, started or stopped, an account, nftables table, sysctl value or package that is not as
-    it was.
+    it was, or a rollout's cordon left on the host, each makes it false.
   - With O(state=record) it writes the stamp after a converge whose health gate passed (O(gate_summary)). The
-    stamp is bookkeeping, like a cache: writing it is not reported as a change.
+    stamp is bookkeeping, like a cache; writing it is not reported as a change.
   - Reads only, except the stamp. Linux with systemd and dpkg.
 version_added: 0.4.0
 options:
@@ -64,10 +64,14 @@ options:
     default: ""
 attributes:
   check_mode:
+    support: full
     description:
       - V(verify) runs as always; V(record) writes nothing.
   diff_mode:
-    description: None.
+    support: none
+    description: Nothing to show.
+author:
+  - chv.fleet maintainers (@chv-fleet)
 """
 
 EXAMPLES = r"""

@@ -7,13 +7,18 @@ configuration (the time budget of `make bench` allows no repeats):
   1. the first converge of site.yml on guest 1 alone, then on guests 2-5
      together (--limit, -f 5, one batch: -e chv_fleet_batches=["100%"]);
   2. the re-run that changes nothing (changed=0 checked in the PLAY RECAP),
-     on 1 and on 4 guests, with pipelining on (the lab inventory's
-     ansible_pipelining: true) and off (-e ansible_pipelining=false; a
-     `ping -vvv` probe with the same inventory and -e shows that it takes
-     effect: no file PUT with it on, one with it off), in the order
-     on/1, on/4, off/4, off/1 so that drift of the machine's load falls
-     on both sides of each ratio;
-  3. the per-task profile of the 1-guest no-change re-run (pipelining on),
+     on 1 and on 4 guests, side by side: the full path (-e
+     chv_fleet_full_converge=true: every role's tasks and the gate, as
+     before the fast path) and the fast path (docs/operations.md "A run that
+     changes nothing"), in the order full/1, fast/1, fast/4, full/4 so that
+     drift of the machine's load falls on both sides of each ratio; each
+     with -vvv, from which the module runs per guest are counted (one SSH
+     EXEC each with pipelining, the lab inventory's ansible_pipelining:
+     true; a `ping -vvv` probe shows it takes effect: no file PUT with it
+     on, one with it off). Then the same two no-change runs on 1 guest with
+     Mitogen for Ansible (PyPI mitogen, installed into build/bench/mitogen,
+     strategy mitogen_linear) and on 4 guests with the free strategy;
+  3. the per-task profile of the 1-guest fast no-change re-run,
      from bench/callback_plugins/bench_task_times.py (enabled through
      ANSIBLE_CALLBACK_PLUGINS / ANSIBLE_CALLBACKS_ENABLED for these runs
      only): the 15 slowest tasks.
@@ -53,9 +58,15 @@ FRAGMENT = os.path.join(OUT_DIR, 'rollout.md')
 FORKS = 5
 ONE_BATCH = '{"chv_fleet_batches": ["100%"]}'
 PIPELINING_OFF = ['-e', 'ansible_pipelining=false']
+FULL = ['-e', 'chv_fleet_full_converge=true']
 TOP_TASKS = 15
 TARGET_CONVERGE_RATIO = 1.5
 TARGET_NOCHANGE_1 = 10.0
+TARGET_MODULE_RUNS = 20
+TARGET_CONTROLLER_CPU = 5.0
+MITOGEN_DIR = os.path.join(ROOT, 'build', 'bench', 'mitogen')
+# -vvv over SSH with pipelining: one such line per module run on a host
+MODULE_RUN_RE = re.compile(r'^<([^>]+)> SSH: EXEC .*python3 && sleep 0', re.M)
 RUN_TIMEOUT = 1200
 RECAP_RE = re.compile(r'^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)'
                       r'\s+rescued=(\d+)\s+ignored=(\d+)', re.M)
@@ -80,7 +91,7 @@ def snapshot_head():
     SOURCE.update({'tree': tree, 'collections': collections, 'what': 'a clean export of HEAD'})
 
 
-def ansible_env(profile=None):
+def ansible_env(profile=None, strategy=None):
     env = dict(os.environ)
     env.update({
         'ANSIBLE_COLLECTIONS_PATH': SOURCE['collections'],
@@ -93,7 +104,28 @@ def ansible_env(profile=None):
         env['ANSIBLE_CALLBACK_PLUGINS'] = os.path.join(ROOT, 'bench', 'callback_plugins')
         env['ANSIBLE_CALLBACKS_ENABLED'] = 'bench_task_times'
         env['CHV_BENCH_TASK_TIMES'] = profile
+    if strategy == 'mitogen_linear':
+        env.update({'ANSIBLE_STRATEGY_PLUGINS': os.path.join(MITOGEN_DIR, 'ansible_mitogen', 'plugins', 'strategy'),
+                    'PYTHONPATH': MITOGEN_DIR, 'ANSIBLE_HOST_KEY_CHECKING': 'False'})  # its SSH checks host keys itself
+    if strategy:
+        env['ANSIBLE_STRATEGY'] = strategy
     return env
+
+
+def install_mitogen():
+    """Mitogen for Ansible from PyPI into MITOGEN_DIR (not into the venv: make test never sees it); its version."""
+    pip = [os.path.join(VENV_BIN, 'pip'), 'install', '-q', '--no-deps', '--upgrade', '--target', MITOGEN_DIR, 'mitogen']
+    subprocess.run(pip, check=True, timeout=300)
+    meta = [d for d in os.listdir(MITOGEN_DIR) if d.startswith('mitogen-') and d.endswith('.dist-info')]
+    return meta[0][len('mitogen-'):-len('.dist-info')] if meta else '?'
+
+
+def module_runs(text):
+    """{host address: module runs} of a -vvv run's output."""
+    got = {}
+    for address in MODULE_RUN_RE.findall(text):
+        got[address] = got.get(address, 0) + 1
+    return got
 
 
 def machine_cpu_seconds():
@@ -109,7 +141,7 @@ def children_cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def run(label, argv, profile=False):
+def run(label, argv, profile=False, strategy=None):
     """Run one command (cwd: the tree rolled out), its output to LOG_DIR/<label>.log; returns its figures."""
     log = os.path.join(LOG_DIR, label + '.log')
     times = os.path.join(LOG_DIR, label + '.tasks.json') if profile else None
@@ -119,7 +151,8 @@ def run(label, argv, profile=False):
     cpu0, kids0, start = machine_cpu_seconds(), children_cpu_seconds(), time.monotonic()
     with open(log, 'w') as out:
         try:
-            proc = subprocess.run(argv, cwd=SOURCE['tree'], env=ansible_env(times), stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.run(argv, cwd=SOURCE['tree'], env=ansible_env(times, strategy), stdout=out,
+                                  stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT, check=False)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
@@ -130,6 +163,7 @@ def run(label, argv, profile=False):
     with open(log) as handle:
         text = handle.read()
     result['output'] = text
+    result['module_runs'] = module_runs(text)
     recap = text[text.rfind('PLAY RECAP'):] if 'PLAY RECAP' in text else ''
     result['recap'] = dict((m.group(1), dict(zip(RECAP_KEYS, (int(v) for v in m.groups()[1:]))))
                            for m in RECAP_RE.finditer(recap))
@@ -195,10 +229,21 @@ def pipelining_probe(guest, off):
     return (res['rc'], sum(1 for ln in lines if 'SSH: EXEC' in ln), sum(1 for ln in lines if re.search(r'> PUT ', ln)))
 
 
-def site(label, hosts, extra=()):
+def site(label, hosts, extra=(), strategy=None):
     argv = [os.path.join(VENV_BIN, 'ansible-playbook'), '-i', INVENTORY, 'site.yml', '-f', str(FORKS),
             '--limit', ','.join(hosts), '-e', ONE_BATCH] + list(extra)
-    return run(label, argv, profile=True)
+    result = run(label, argv, profile=True, strategy=strategy)
+    result['hosts'] = len(hosts)
+    return result
+
+
+def per_guest_runs(result):
+    """Module runs per guest (the most of any guest), or None without -vvv output."""
+    return max(result['module_runs'].values()) if result and result.get('module_runs') else None
+
+
+def per_guest_cpu(result):
+    return result['controller_cpu'] / result['hosts'] if result and result.get('hosts') else None
 
 
 def ratio(a, b):
@@ -228,32 +273,56 @@ def changed_cell(result):
     return '%d' % totals(result)['changed']
 
 
+def fmt_n(value, fmt='%d'):
+    return fmt % value if value is not None else 'not measured'
+
+
+def pair(full, fast, fn, fmt):
+    """'full -> fast' of a figure."""
+    return '%s -> %s' % (fmt_n(fn(full), fmt), fmt_n(fn(fast), fmt))
+
+
 def build_rows(r):
     c1, c4 = r.get('converge-1'), r.get('converge-4')
-    on1, on4, off1, off4 = r.get('nochange-on-1'), r.get('nochange-on-4'), r.get('nochange-off-1'), r.get('nochange-off-4')
-    conv_ratio, onoff1, onoff4 = ratio(c4, c1), ratio(on1, off1), ratio(on4, off4)
+    full1, full4, fast1, fast4 = r.get('full-1'), r.get('full-4'), r.get('fast-1'), r.get('fast-4')
+    conv_ratio = ratio(c4, c1)
+    wall = lambda x: x['wall'] if x else None  # noqa: E731
     rows = [
         ('first converge of site.yml', fmt_s(c1), fmt_s(c4), fmt_r(conv_ratio), '4/1 <= %.1f' % TARGET_CONVERGE_RATIO,
          met(conv_ratio, TARGET_CONVERGE_RATIO)),
-        ('no-change re-run, pipelining on', fmt_s(on1), fmt_s(on4), fmt_r(ratio(on4, on1)), '1 guest <= %.0f s' % TARGET_NOCHANGE_1,
-         (met(on1['wall'], TARGET_NOCHANGE_1) + ' (%.1f s)' % on1['wall']) if on1 else 'not measured'),
-        ('no-change re-run, pipelining off', fmt_s(off1), fmt_s(off4), fmt_r(ratio(off4, off1)), '-', '-'),
-        ('pipelining on / off (no-change re-run)', fmt_r(onoff1), fmt_r(onoff4), '-', '-', '-'),
-        ('changed= in the no-change re-runs\' PLAY RECAP (on / off)', '%s / %s' % (changed_cell(on1), changed_cell(off1)),
-         '%s / %s' % (changed_cell(on4), changed_cell(off4)), '-', '0',
-         'met' if all(x and x['recap'] and totals(x)['changed'] == 0 for x in (on1, on4, off1, off4))
+        ('no-change re-run, full path (chv_fleet_full_converge)', fmt_s(full1), fmt_s(full4), fmt_r(ratio(full4, full1)),
+         '-', '-'),
+        ('no-change re-run, fast path', fmt_s(fast1), fmt_s(fast4), fmt_r(ratio(fast4, fast1)),
+         '1 guest <= %.0f s' % TARGET_NOCHANGE_1, met(wall(fast1), TARGET_NOCHANGE_1)),
+        ('module runs per guest, no-change re-run (full -> fast)', pair(full1, fast1, per_guest_runs, '%d'),
+         pair(full4, fast4, per_guest_runs, '%d'), '-', '<= %d' % TARGET_MODULE_RUNS,
+         met(per_guest_runs(fast1), TARGET_MODULE_RUNS)),
+        ('controller CPU-s per guest, no-change re-run (full -> fast)', pair(full1, fast1, per_guest_cpu, '%.1f'),
+         pair(full4, fast4, per_guest_cpu, '%.1f'), '-', '<= %.0f' % TARGET_CONTROLLER_CPU,
+         met(per_guest_cpu(fast4), TARGET_CONTROLLER_CPU) + ' (4 guests)'),
+        ('changed= in the no-change re-runs\' PLAY RECAP (full / fast)', '%s / %s' % (changed_cell(full1), changed_cell(fast1)),
+         '%s / %s' % (changed_cell(full4), changed_cell(fast4)), '-', '0',
+         'met' if all(x and x['recap'] and totals(x)['changed'] == 0 for x in (full1, full4, fast1, fast4))
          else 'missed: NOT a no-change run where it is not 0'),
     ]
+    for key, label, hosts in (('mitogen', 'Mitogen (mitogen_linear)', '1 guest'), ('free', 'strategy free', '4 guests')):
+        full, fast = r.get(key + '-full'), r.get(key + '-fast')
+        base_full, base_fast = (full1, fast1) if key == 'mitogen' else (full4, fast4)
+        rows.append(('%s, no-change re-run full / fast, %s (linear: %s / %s)' % (label, hosts, fmt_s(base_full), fmt_s(base_fast)),
+                     '%s / %s' % (fmt_s(full), fmt_s(fast)), '-',
+                     '%s / %s' % (fmt_r(ratio(full, base_full)), fmt_r(ratio(fast, base_fast))), '-',
+                     'the Molecule suite not run under it: not offered as a speed-up'))
     return rows
 
 
 def run_rows(r):
     rows = []
-    for key in ('converge-1', 'converge-4', 'nochange-on-1', 'nochange-on-4', 'nochange-off-4', 'nochange-off-1'):
+    for key in RUN_ORDER:
         x = r.get(key)
         if x:
             rows.append((key, '%.1f' % x['wall'], '%.0f' % x['machine_cpu'], '%.1f' % (x['machine_cpu'] / x['wall']),
-                         '%.0f' % x['controller_cpu'], '%.1f' % x['load'], str(x['rc']), summary(x)))
+                         '%.0f' % x['controller_cpu'], fmt_n(per_guest_runs(x)), '%.1f' % x['load'], str(x['rc']),
+                         summary(x)))
     return rows
 
 
@@ -284,12 +353,20 @@ def md_table(header, rows, align=None):
 
 
 MAIN_HEADER = ('what', '1 guest', '4 guests', 'ratio', 'target', 'met?')
-RUN_HEADER = ('run', 'wall s', 'machine CPU-s', 'CPUs busy', 'controller CPU-s', 'load (1 min) at start', 'rc', 'PLAY RECAP')
+RUN_HEADER = ('run', 'wall s', 'machine CPU-s', 'CPUs busy', 'controller CPU-s', 'module runs per guest',
+              'load (1 min) at start', 'rc', 'PLAY RECAP')
+# key: (guests, extra arguments, strategy), in the order they run
+RUNS = [('converge-1', 'one', (), None), ('converge-4', 'four', (), None),
+        ('full-1', 'one', ('-vvv',) + tuple(FULL), None), ('fast-1', 'one', ('-vvv',), None),
+        ('fast-4', 'four', ('-vvv',), None), ('full-4', 'four', ('-vvv',) + tuple(FULL), None),
+        ('mitogen-full', 'one', ('-vvv',) + tuple(FULL), 'mitogen_linear'), ('mitogen-fast', 'one', ('-vvv',), 'mitogen_linear'),
+        ('free-fast', 'four', ('-vvv',), 'free'), ('free-full', 'four', ('-vvv',) + tuple(FULL), 'free')]
+RUN_ORDER = [key for key, _, _, _ in RUNS]
 
 
 def report(info, r, probe, lab, errors, total):
     rows, runs = build_rows(r), run_rows(r)
-    on1 = r.get('nochange-on-1')
+    on1 = r.get('fast-1')
     top = top_tasks(on1) if on1 else []
     print()
     print('machine: %(nproc)s CPUs, kernel %(kernel)s, %(systemd)s, ansible-core %(ansible)s; commit %(commit)s (%(source)s), %(date)s'
@@ -298,7 +375,7 @@ def report(info, r, probe, lab, errors, total):
     print()
     print(text_table(RUN_HEADER, runs))
     if top:
-        print('\n%d slowest tasks of the 1-guest no-change re-run (pipelining on), %d tasks, %.1f s in tasks:'
+        print('\n%d slowest tasks of the 1-guest fast no-change re-run, %d tasks, %.1f s in tasks:'
               % (len(top), len(on1['tasks']), sum(t['seconds'] for t in on1['tasks'])))
         for task in top:
             print('  %6.2f s  %s' % (task['seconds'], task_label(task)))
@@ -315,9 +392,11 @@ def report(info, r, probe, lab, errors, total):
           % (info['date'], info['commit'], ' (%d uncommitted files under site.yml, playbooks, roles, plugins)'
              % info['dirty'] if info['dirty'] else '', info['source'], info['nproc'], info['kernel'], info['systemd'], lab.get('guest_systemd', '?'),
              info['ansible']),
+          'Mitogen for Ansible: %s.' % info.get('mitogen', 'not reached'),
           '**One run per configuration** (the time budget of `make bench`): each figure is a single run, not a median, on a',
           'shared 2-CPU machine (load average at each run\'s start below); both sides of each ratio ran in the same session,',
-          'the no-change runs in the order on/1, on/4, off/4, off/1. The whole benchmark took %.0f s (lab up %s, down %s).'
+          'the no-change runs in the order full/1, fast/1, fast/4, full/4 (-vvv each: module runs counted from its SSH EXEC lines). '
+          'Not measured: 8 guests (a lab of 5). The whole benchmark took %.0f s (lab up %s, down %s).'
           % (total, '%.0f s' % lab['up'] if 'up' in lab else '?',
              '%.0f s' % lab['down'] if 'down' in lab else 'not measured: kept for the cells benchmark'), '']
     if probe:
@@ -325,14 +404,14 @@ def report(info, r, probe, lab, errors, total):
         md += ['Pipelining off takes effect: a `ping -b -vvv` with the lab inventory made %d SSH command(s) and %d file PUT(s) with '
                'pipelining on, %d and %d with `-e ansible_pipelining=false`.' % counts, '']
     md += [md_table(MAIN_HEADER, rows), '',
-           md_table(RUN_HEADER, runs, ['---', '---:', '---:', '---:', '---:', '---:', '---:', '---']), '',
+           md_table(RUN_HEADER, runs, ['---', '---:', '---:', '---:', '---:', '---:', '---:', '---:', '---']), '',
            'machine CPU-s: busy time of the whole machine during the run (/proc/stat: the guests, ansible and anything else '
            'running), CPUs busy: machine CPU-s / wall (%d = every CPU busy all the time: the lab\'s guests run on the controller\'s '
            'CPUs, so the 4/1 ratios here are bound by CPU); controller CPU-s: ansible-playbook and its ssh processes.'
            % info['nproc'], '']
     if top:
         counts = (len(top), len(on1['tasks']), sum(t['seconds'] for t in on1['tasks']))
-        md += ['The %d slowest tasks of the 1-guest no-change re-run, pipelining on (%d tasks, %.1f s in tasks; from a task\'s start '
+        md += ['The %d slowest tasks of the 1-guest fast no-change re-run (%d tasks, %.1f s in tasks; from a task\'s start '
                'to the next\'s, bench/callback_plugins/bench_task_times.py):' % counts, '',
                md_table(('seconds', 'task'), [('%.2f' % t['seconds'], task_label(t)) for t in top], ['---:', '---']), '']
     for err in errors:
@@ -371,10 +450,18 @@ def main():
         probe = {'on': pipelining_probe(one[0], False), 'off': pipelining_probe(one[0], True)}
         if probe['on'][0] != 0 or probe['off'][0] != 0 or probe['on'][2] != 0 or probe['off'][2] == 0:
             errors.append('the pipelining probe did not show pipelining on without PUTs and off with them: %r' % (probe,))
-        for key, hosts, extra in (('converge-1', one, ()), ('converge-4', four, ()),
-                                  ('nochange-on-1', one, ()), ('nochange-on-4', four, ()),
-                                  ('nochange-off-4', four, PIPELINING_OFF), ('nochange-off-1', one, PIPELINING_OFF)):
-            r[key] = site(key, hosts, extra)
+        sets = {'one': one, 'four': four}
+        for key, which, extra, strategy in RUNS:
+            if strategy == 'mitogen_linear' and 'mitogen' not in info:
+                try:
+                    info['mitogen'] = install_mitogen()
+                except (OSError, subprocess.SubprocessError) as exc:
+                    info['mitogen'] = 'not installed: %s' % exc
+                    errors.append('mitogen: %s' % exc)
+            if strategy == 'mitogen_linear' and info['mitogen'].startswith('not installed'):
+                continue
+            hosts = sets[which]
+            r[key] = site(key, hosts, extra, strategy)
             r[key]['ok'] = healthy(r[key], hosts)
             if not r[key]['ok']:
                 errors.append('%s: rc=%s, %s (see %s)' % (key, r[key]['rc'], summary(r[key]), os.path.relpath(r[key]['log'], ROOT)))

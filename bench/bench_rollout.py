@@ -45,6 +45,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the tests' reader of a -vvv run's module runs (tests/helpers/playbook_output.py), one home for both
+sys.path.insert(0, os.path.join(ROOT, 'tests', 'helpers'))
+from playbook_output import module_runs  # noqa: E402
 VENV_BIN = os.path.join(ROOT, '.venv', 'bin')
 LAB = 'brollout'
 NETWORK = '10.99.48.0/24'
@@ -65,8 +68,6 @@ TARGET_NOCHANGE_1 = 10.0
 TARGET_MODULE_RUNS = 20
 TARGET_CONTROLLER_CPU = 5.0
 MITOGEN_DIR = os.path.join(ROOT, 'build', 'bench', 'mitogen')
-# -vvv over SSH with pipelining: one such line per module run on a host
-MODULE_RUN_RE = re.compile(r'^<([^>]+)> SSH: EXEC .*python3 && sleep 0', re.M)
 RUN_TIMEOUT = 1200
 RECAP_RE = re.compile(r'^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)'
                       r'\s+rescued=(\d+)\s+ignored=(\d+)', re.M)
@@ -119,13 +120,6 @@ def install_mitogen():
     meta = [d for d in os.listdir(MITOGEN_DIR) if d.startswith('mitogen-') and d.endswith('.dist-info')]
     return meta[0][len('mitogen-'):-len('.dist-info')] if meta else '?'
 
-
-def module_runs(text):
-    """{host address: module runs} of a -vvv run's output."""
-    got = {}
-    for address in MODULE_RUN_RE.findall(text):
-        got[address] = got.get(address, 0) + 1
-    return got
 
 
 def machine_cpu_seconds():

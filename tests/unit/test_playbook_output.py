@@ -1,0 +1,36 @@
+"""tests/helpers/playbook_output.module_runs: one count per module run in a -vvv
+log over SSH, with pipelining (the lab's inventory) and without (the AnsiballZ
+file put on the host first), and none for the other commands of a module run."""
+
+from playbook_output import module_runs
+
+TMP = "/root/.ansible/tmp/ansible-tmp-1764800000.1-42-1"
+SSH = "<%s> SSH: EXEC ssh -C -o ControlMaster=auto -o ControlPersist=60s -o User=root %s "
+PIPELINED = SSH + "'/bin/sh -c '\"'\"'/usr/bin/python3 && sleep 0'\"'\"''"
+PUT_FIRST = [
+    SSH + "'/bin/sh -c '\"'\"'( umask 77 && mkdir -p \"` echo " + TMP + " `\" ) && sleep 0'\"'\"''",
+    "<%s> SSH: EXEC sftp -b - -C -o ControlMaster=auto %s",
+    SSH + "'/bin/sh -c '\"'\"'chmod u+x " + TMP + "/ " + TMP + "/AnsiballZ_setup.py && sleep 0'\"'\"''",
+    SSH + "'/bin/sh -c '\"'\"'/usr/bin/python3 " + TMP + "/AnsiballZ_setup.py && sleep 0'\"'\"''",
+    SSH + "'/bin/sh -c '\"'\"'rm -f -r " + TMP + "/ > /dev/null 2>&1 && sleep 0'\"'\"''",
+]
+
+
+def lines(templates, address):
+    return "\n".join(t % (address, address) for t in templates) + "\n"
+
+
+def test_pipelined_runs_are_counted_per_host():
+    out = lines([PIPELINED] * 3, "10.99.61.2") + lines([PIPELINED], "10.99.61.3")
+    assert module_runs(out) == {"10.99.61.2": 3, "10.99.61.3": 1}
+
+
+def test_a_run_without_pipelining_counts_once_not_once_per_command():
+    out = lines(PUT_FIRST, "10.99.61.2") * 2
+    assert module_runs(out) == {"10.99.61.2": 2}
+
+
+def test_the_other_commands_alone_are_not_module_runs():
+    # the control: the same log without its python3 lines counts nothing
+    out = lines([t for t in PUT_FIRST if "python3" not in t], "10.99.61.2")
+    assert module_runs(out) == {}

@@ -31,10 +31,10 @@ def changed_tasks(out):
     return got
 
 
-# ansible-playbook -vvv over SSH: one such line per module run on a host, the interpreter reading the
-# module from stdin (pipelining, as the lab's inventory has it) or running the AnsiballZ file it put
-# there (pipelining off, as in Molecule's inventory)
-MODULE_RUN = re.compile(r"^<([^>]+)> SSH: EXEC .*python3(?: \S*/AnsiballZ_\w+\.py)? && sleep 0", re.M)
+# ansible-playbook -vvv over SSH: one such line per module run on a host, the interpreter (python3, or
+# the versioned name interpreter discovery finds first, such as python3.13 on Debian 13) reading the
+# module from stdin (pipelining) or running the AnsiballZ file it put there (pipelining off)
+MODULE_RUN = re.compile(r"^<([^>]+)> SSH: EXEC .*python3(?:\.\d+)?(?: \S*/AnsiballZ_\w+\.py)? && sleep 0", re.M)
 
 
 def module_runs(out):

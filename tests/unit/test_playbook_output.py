@@ -25,6 +25,13 @@ def test_pipelined_runs_are_counted_per_host():
     assert module_runs(out) == {"10.99.61.2": 3, "10.99.61.3": 1}
 
 
+def test_a_discovered_versioned_interpreter_counts_too():
+    # interpreter discovery on Debian 13 (no interpreter_python set) finds python3.13 first
+    out = lines([PIPELINED.replace("python3 ", "python3.13 ")] * 2, "10.99.61.2")
+    out += lines([t.replace("python3 ", "python3.13 ") for t in PUT_FIRST], "10.99.61.3")
+    assert module_runs(out) == {"10.99.61.2": 2, "10.99.61.3": 1}
+
+
 def test_a_run_without_pipelining_counts_once_not_once_per_command():
     out = lines(PUT_FIRST, "10.99.61.2") * 2
     assert module_runs(out) == {"10.99.61.2": 2}

@@ -131,8 +131,11 @@ def test_run_full_screenshot_fails_with_an_error_and_the_guest_keeps_working(hos
             # /run shrunk to what it holds and 256 KiB, then filled to the last block
             used = int(host.check_output("df --output=used -B1 /run | tail -1"))
             host.run_expect([0], "mount -o remount,size=%s /run", str(used + 256 * 1024))
-            host.run("dd if=/dev/zero of=%s bs=4k 2>/dev/null", FILLER)
-            assert host.run("dd if=/dev/zero of=%s.more bs=4k count=1", FILLER).rc != 0
+            # filled until one more block does not fit: a file of the guest's own removed from /run
+            # meanwhile frees blocks the first fill could not take
+            host.run_expect([0], "for i in $(seq 20); do dd if=/dev/zero of=%s bs=4k oflag=append conv=notrunc "
+                                 "2>/dev/null; dd if=/dev/zero of=%s.more bs=4k count=1 2>/dev/null || exit 0; "
+                                 "rm -f %s.more; sleep 0.2; done; exit 1", FILLER, FILLER, FILLER)
             host.run_expect([0], "touch %s", go)
             host.run_expect([0], "for i in $(seq 300); do systemctl is-active -q chv-faults-shots || exit 0; "
                                  "sleep 0.1; done; exit 1")

@@ -196,13 +196,15 @@ def run_roles(roles, extra_vars, expect_ok=True):
 CONVERGE = Path(__file__).resolve().parents[2] / "shared" / "converge.yml"
 
 
-def run_converge(args, expect_ok=True, whole=False):
+def run_converge(args, expect_ok=True, whole=False, summary=False):
     """The scenario's own converge (the lab's guest settings, then site.yml)
     again, with extra ansible-playbook arguments (--check, --tags, -e ...),
-    on the verified guests (every guest of the inventory with `whole`).
+    on the verified guests (every guest of the inventory with `whole`), with
+    the fleet_summary callback's lines at the end when `summary`.
     Returns (process, {host: recap counts}, [names of the tasks that changed])."""
+    env = dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary") if summary else None
     proc = subprocess.run(["ansible-playbook"] + inventory_argv(whole) + [str(CONVERGE)] + list(args),
-                          capture_output=True, text=True, check=False, timeout=900)
+                          capture_output=True, text=True, check=False, timeout=900, env=env)
     out = proc.stdout + proc.stderr
     if expect_ok:
         assert proc.returncode == 0, out[-4000:]

@@ -305,23 +305,25 @@ def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_
     # The fast path (docs/operations.md "A run that changes nothing"): that converge's gate passed, so it
     # recorded what it left; the next run with the same inputs finds the host so, in a handful of module
     # runs (-vvv: one SSH EXEC each), and runs neither the roles nor the gate's cell.
-    proc, recap, changed = run_converge(["-vvv", "-e", json.dumps(second)])
+    proc, recap, changed = run_converge(["-vvv", "-e", json.dumps(second)], summary=True)
     lap("fast no-change converge")
     assert recap[name]["changed"] == 0 and recap[name]["failed"] == 0, (changed, proc.stdout[-3000:])
-    # (-vvv prints converge_state's verdict; no role task ran)
-    assert '"fresh": true' in proc.stdout and "chv.fleet.cell_runtime : Allocate the slot identities" not in proc.stdout, \
+    # (the summary line names the path; no task of a role's converge.yml ran)
+    assert re.search(r"^%s: ok, changed=0, .*path: fast \(as the last converge left it\)" % re.escape(name),
+                     proc.stdout, re.M) and "TASK [chv.fleet.cell_runtime : Allocate" not in proc.stdout, \
         proc.stdout[-3000:]
     runs = sum(module_runs(proc.stdout).values())
-    assert 0 < runs <= 20, runs
+    assert 0 < runs <= 20, (runs, [line[:300] for line in proc.stdout.splitlines() if "EXEC" in line][:8])
     # ... and it does not hide a change: a file of the roles removed and a unit stopped on the guest take
     # the next run the full way, which repairs exactly those (the full path's no-change check: nothing
     # else changes), with its gate
     with host.sudo():
         sudoers = host.check_output("sha256sum /etc/sudoers.d/chv-cell")
         host.run_expect([0], "rm /etc/sudoers.d/chv-cell && systemctl stop chv-cell-task-reap.timer")
-    proc, recap, changed = run_converge(["-v", "-e", json.dumps(second)])
+    proc, recap, changed = run_converge(["-e", json.dumps(second)], summary=True)
     lap("repairing converge")
-    assert '"/etc/sudoers.d/chv-cell: gone"' in proc.stdout and recap[name]["changed"] == 2, proc.stdout[-3000:]
+    assert re.search(r"^%s: ok, changed=2, .*path: full \(/etc/sudoers.d/chv-cell: gone\)" % re.escape(name),
+                     proc.stdout, re.M) and recap[name]["changed"] == 2, proc.stdout[-3000:]
     assert set(changed) == REPAIRED, changed
     assert "%s: healthy (" % name in proc.stdout, proc.stdout[-3000:]
     with host.sudo():

@@ -43,7 +43,6 @@ import pytest
 
 from conftest import CLIENT, CONVERGE, LAB_ROOT, OutsideHTTP, html, inventory_argv, lab_guest, lab_record, \
     only_in, run_converge, unit_value
-from playbook_output import module_runs
 
 # before the other tests that end the guest (test_doors.py releases a slot; these need both slots
 # and the ledger as converged)
@@ -303,17 +302,15 @@ def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_
     # (it ended with site.yml's health gate: chv-cell health from a real cell, healthy)
     assert "%s: healthy (" % name in proc.stdout, proc.stdout[-3000:]
     # The fast path (docs/operations.md "A run that changes nothing"): that converge's gate passed, so it
-    # recorded what it left; the next run with the same inputs finds the host so, in a handful of module
-    # runs (-vvv: one SSH EXEC each), and runs neither the roles nor the gate's cell.
-    proc, recap, changed = run_converge(["-vvv", "-e", json.dumps(second)], summary=True)
+    # recorded what it left; the next run with the same inputs finds the host so and runs neither the roles
+    # nor the gate's cell (its module runs are counted by make bench, bench/bench_rollout.py).
+    proc, recap, changed = run_converge(["-e", json.dumps(second)], summary=True)
     lap("fast no-change converge")
     assert recap[name]["changed"] == 0 and recap[name]["failed"] == 0, (changed, proc.stdout[-3000:])
     # (the summary line names the path; no task of a role's converge.yml ran)
     assert re.search(r"^%s: ok, changed=0, .*path: fast \(as the last converge left it\)" % re.escape(name),
                      proc.stdout, re.M) and "TASK [chv.fleet.cell_runtime : Allocate" not in proc.stdout, \
         proc.stdout[-3000:]
-    runs = sum(module_runs(proc.stdout).values())
-    assert 0 < runs <= 20, (runs, [line[:300] for line in proc.stdout.splitlines() if "EXEC" in line][:8])
     # ... and it does not hide a change: a file of the roles removed and a unit stopped on the guest take
     # the next run the full way, which repairs exactly those (the full path's no-change check: nothing
     # else changes), with its gate

@@ -308,9 +308,9 @@ def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_
     lap("fast no-change converge")
     assert recap[name]["changed"] == 0 and recap[name]["failed"] == 0, (changed, proc.stdout[-3000:])
     # (the summary line names the path; no task of a role's converge.yml ran)
-    assert re.search(r"^%s: ok, changed=0, .*path: fast \(as the last converge left it\)" % re.escape(name),
-                     proc.stdout, re.M) and "TASK [chv.fleet.cell_runtime : Allocate" not in proc.stdout, \
-        proc.stdout[-3000:]
+    assert re.search(r"^%s: ok, changed=0, batch: 1 of 1, path: fast \(as the last converge left it\)"
+                     % re.escape(name), proc.stdout, re.M), proc.stdout[-3000:]
+    assert "TASK [chv.fleet.cell_runtime : Allocate" not in proc.stdout, proc.stdout[-3000:]
     # ... and it does not hide a change: a file of the roles removed and a unit stopped on the guest take
     # the next run the full way, which repairs exactly those (the full path's no-change check: nothing
     # else changes), with its gate
@@ -319,8 +319,8 @@ def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_
         host.run_expect([0], "rm /etc/sudoers.d/chv-cell && systemctl stop chv-cell-task-reap.timer")
     proc, recap, changed = run_converge(["-e", json.dumps(second)], summary=True)
     lap("repairing converge")
-    assert re.search(r"^%s: ok, changed=2, .*path: full \(/etc/sudoers.d/chv-cell: gone\)" % re.escape(name),
-                     proc.stdout, re.M) and recap[name]["changed"] == 2, proc.stdout[-3000:]
+    assert re.search(r"^%s: ok, changed=2, batch: 1 of 1, path: full \(/etc/sudoers.d/chv-cell: gone\)"
+                     % re.escape(name), proc.stdout, re.M) and recap[name]["changed"] == 2, proc.stdout[-3000:]
     assert set(changed) == REPAIRED, changed
     assert "%s: healthy (" % name in proc.stdout, proc.stdout[-3000:]
     with host.sudo():

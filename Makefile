@@ -201,7 +201,9 @@ test-leg312:
 sanity312: venv312
 	$(call sanity_run,3.12,$(VENV312),--skip-test pylint)
 
-test: sysdeps venv
+# Everything two lanes share is built before they fan out (two lanes building
+# build/promtool at once removed each other's download).
+test: sysdeps venv $(PROMTOOL)
 	@unlaned="$(filter-out $(foreach l,$(LANES),$(LANE_$(l))),$(SCENARIOS:%=molecule-%))"; \
 	  if [ -n "$$unlaned" ]; then echo "make test: no lane runs$$unlaned (LANE_* in the Makefile)"; exit 1; fi
 	@rm -rf $(BUILD)/lanes && mkdir -p $(BUILD)/lanes

@@ -19,6 +19,8 @@ LOG = """\
 [host] SKIPPED [2] tests/integration/cells/test_socket_families.py:210: this host has no AF_VSOCK transport: the guest control cannot bind one
 [host] 48 passed, 2 skipped in 301.2s
 [host] FAILED tests/integration/broker/test_x.py::test_y - assert 1 == 2
+[host] FAILED - RETRYING: [localhost]: Wait for the guests (119 retries left).
+[host] ERROR tests/integration/broker/test_z.py::test_w[ansible://g1]
 [host] ============= 1 failed, 84 passed, 1 skipped, 1 error in 88.10s (0:01:28) =============
 [host] SKIPPED [1] /work/x/molecule/shared/tests/test_fleet.py:40: distribution-independent: runs in the fleet scenario
 [host] make test: integration FAILED after 400 s
@@ -34,7 +36,10 @@ def test_counts_every_pytest_run_of_the_lane_and_each_skips_reason():
     assert s["stages"] == [("lint", "passed"), ("units", "passed"), ("integration", "FAILED")]
     out = lane_summary.lines("host", s)
     assert out[0] == "make test: lane host: 1794 passed, 1 failed, 1 errors, 3 skipped; stage FAILED: integration"
-    assert out[1:] == ["  skipped 1: test_fleet.py: distribution-independent: runs in the fleet scenario",
+    assert s["failures"] == ["FAILED tests/integration/broker/test_x.py::test_y - assert 1 == 2",
+                             "ERROR tests/integration/broker/test_z.py::test_w[ansible://g1]"]
+    assert out[1:3] == ["  " + f for f in s["failures"]]
+    assert out[3:] == ["  skipped 1: test_fleet.py: distribution-independent: runs in the fleet scenario",
                        "  skipped 2: test_socket_families.py: this host has no AF_VSOCK transport: the guest control "
                        "cannot bind one"]
 

@@ -18,13 +18,19 @@ import re
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.chv.fleet.plugins.filter.spec_errors import show
-from ansible_collections.chv.fleet.src.chv_guest.cell import policy as launcher_policy
 
 # Policy keys the role fixes itself (no role variable sets them).
 FIXED_KEYS = ('version', 'state_dir', 'no_new_privileges', 'nspawn', 'systemd_run', 'ip', 'nsenter', 'nft', 'python',
               'nspawn_environment', 'slots', 'platform', 'sandbox_exec', 'pfctl', 'pf_anchor')
 # "key: ..." or "key[3]: ..." at the start of a validator message
 _KEY_RE = re.compile(r'^([a-z_]+)((?:\[\d+\])?)(:| )')
+
+
+def launcher_policy():
+    """The launcher's chv_guest.cell.policy, imported when the filter runs
+    (see the note in pools.py)."""
+    from ansible_collections.chv.fleet.src.chv_guest.cell import policy  # pylint: disable=import-outside-toplevel
+    return policy
 
 
 def _is_under(path, root):
@@ -68,7 +74,7 @@ def cell_policy_errors(policy, var_prefix='chv_cell_'):
                                  % type(policy).__name__)
     plain = json.loads(json.dumps(policy))  # what the launcher reads: the rendered JSON
     errors = []
-    for message in launcher_policy.validate(plain):
+    for message in launcher_policy().validate(plain):
         match = _KEY_RE.match(message)
         key = match.group(1) if match else None
         if key == 'slots' or message.startswith('slots['):

@@ -18,15 +18,8 @@ __metaclass__ = type
 import re
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.chv.fleet.plugins.module_utils.cell_identity import (
-    UID_PER_SLOT_MIN,
-    UID_RANGE_SIZE,
-    AllocationError,
-    normalize_slot_names,
-)
-from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import CellNatError
-from ansible_collections.chv.fleet.plugins.module_utils.pf_anchor import anchor_rules, check_egress
-from ansible_collections.chv.fleet.src.chv_guest.cell import seatbelt
+# The modules below are imported where a filter runs (see the note in pools.py).
+# pylint: disable=import-outside-toplevel
 
 _USER_RE = re.compile(r'^_[a-z0-9_-]{1,31}$')
 
@@ -36,6 +29,8 @@ def darwin_slots(slots, machine_prefix='chv-'):
     named _<machine_prefix><slot> with the uid the cell_identity module
     gives the slot's range on a fresh Linux host (UID_PER_SLOT_MIN + index
     * UID_RANGE_SIZE), uid_size 1."""
+    from ansible_collections.chv.fleet.plugins.module_utils.cell_identity import (
+        UID_PER_SLOT_MIN, UID_RANGE_SIZE, AllocationError, normalize_slot_names)
     try:
         names = normalize_slot_names(slots)
     except AllocationError as exc:
@@ -55,6 +50,7 @@ def darwin_slots(slots, machine_prefix='chv-'):
 
 def seatbelt_profile(policy, slot):
     """The Seatbelt profile of ``slot`` (a slot record or its name) under ``policy``."""
+    from ansible_collections.chv.fleet.src.chv_guest.cell import seatbelt
     if not isinstance(policy, dict):
         raise AnsibleFilterError('chv.fleet.seatbelt_profile: expected the cell policy as a dict')
     if isinstance(slot, str):
@@ -71,6 +67,8 @@ def seatbelt_profile(policy, slot):
 def pf_anchor_rules(uids, allow=(), deny=(), dns_resolvers=()):
     """The pf anchor's rules for the slot users ``uids``; with no uids (no
     slots yet) the lists are only checked, and the result is empty."""
+    from ansible_collections.chv.fleet.plugins.module_utils.cell_nat import CellNatError
+    from ansible_collections.chv.fleet.plugins.module_utils.pf_anchor import anchor_rules, check_egress
     try:
         if not uids:
             check_egress(allow, deny, dns_resolvers)

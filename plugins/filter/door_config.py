@@ -17,18 +17,26 @@ import json
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.chv.fleet.src.chv_guest.broker import config as broker_config
-from ansible_collections.chv.fleet.src.chv_guest.browser import config as browser_config
 from ansible_collections.chv.fleet.src.chv_guest.wire import settings
 
-SERVICES = {'broker': broker_config, 'browser': browser_config}
+SERVICES = ('broker', 'browser')
 
 
 def _service(name, caller):
-    if name not in SERVICES:
+    """The service's config module (chv_guest.<name>.config), imported when a
+    filter runs, not at the top: to find one filter of the collection,
+    ansible-core loads every filter file of it into each task's worker
+    process, so an import here would be paid by every task that uses any
+    chv.fleet filter (docs/performance.md, "Controller CPU")."""
+    # pylint: disable=import-outside-toplevel
+    if name == 'broker':
+        from ansible_collections.chv.fleet.src.chv_guest.broker import config
+    elif name == 'browser':
+        from ansible_collections.chv.fleet.src.chv_guest.browser import config
+    else:
         raise AnsibleFilterError('chv.fleet.%s: no door service %r (one of %s)'
-                                 % (caller, name, ', '.join(sorted(SERVICES))))
-    return SERVICES[name]
+                                 % (caller, name, ', '.join(SERVICES)))
+    return config
 
 
 def _plain(value, what, caller):

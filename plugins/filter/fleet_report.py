@@ -12,12 +12,17 @@ from collections.abc import Mapping, Sequence
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.chv.fleet.plugins.module_utils import fleet_report as report
+
+def _report():
+    """module_utils/fleet_report, imported when a filter runs (see the note in pools.py)."""
+    from ansible_collections.chv.fleet.plugins.module_utils import fleet_report  # pylint: disable=import-outside-toplevel
+    return fleet_report
 
 
 def fleet_report(hosts, report_dir, allowed_skips=None, labels=None):
     """{verdict, failed_hosts, message, json, markdown, junit} of the audit
     reports fetched under ``report_dir``/hosts/<host>/audit.json."""
+    report = _report()
     allowed_skips = {} if allowed_skips is None else allowed_skips
     if not isinstance(allowed_skips, Mapping):
         raise AnsibleFilterError('chv.fleet.fleet_report: allowed_skips must be {host: {case ID: reason}}, got %r'
@@ -43,7 +48,7 @@ def audit_settings_errors(settings):
     """The errors of the fleet audit's settings ({variable: value}; [] when all are good)."""
     if not isinstance(settings, Mapping):
         raise AnsibleFilterError('chv.fleet.audit_settings_errors: expects {variable: value}, got %r' % (settings,))
-    return report.check_settings(dict(settings))
+    return _report().check_settings(dict(settings))
 
 
 class FilterModule(object):

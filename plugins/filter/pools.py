@@ -11,20 +11,23 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 
-try:
-    import netaddr
-except ImportError:
-    netaddr = None
-
-
+# Imported where a filter runs, not at the top: to find one filter of the
+# collection, ansible-core loads every filter file of it into each task's
+# worker process, so an import here is paid by every task that uses any
+# chv.fleet filter (docs/performance.md, "Controller CPU").
 def _require_netaddr(name):
-    if netaddr is None:
+    """The netaddr module, or AnsibleFilterError naming filter ``name``."""
+    try:
+        import netaddr  # pylint: disable=import-outside-toplevel
+    except ImportError:
         raise AnsibleFilterError('chv.fleet.%s requires the netaddr Python library on the '
                                  'controller (pip install netaddr)' % name)
+    return netaddr
 
 
 def _network(value, what, name):
     """Parse a CIDR string strictly: host bits must be clear."""
+    netaddr = _require_netaddr(name)
     try:
         net = netaddr.IPNetwork(str(value))
     except (netaddr.AddrFormatError, ValueError, TypeError) as exc:
@@ -60,7 +63,7 @@ def _check_prefix(net, prefix, name):
 
 def host_pool(supernet, index, prefix=16):
     """The ``index``-th /``prefix`` network of ``supernet`` (0-based)."""
-    _require_netaddr('host_pool')
+    netaddr = _require_netaddr('host_pool')
     net = _network(supernet, 'supernet', 'host_pool')
     index = _int_arg(index, 'index', 'host_pool')
     prefix = _int_arg(prefix, 'prefix', 'host_pool')
@@ -77,7 +80,7 @@ def host_pool(supernet, index, prefix=16):
 
 def cell_subnets(pool, prefix=24, count=None):
     """All /``prefix`` subnets of ``pool`` in order, or the first ``count``."""
-    _require_netaddr('cell_subnets')
+    netaddr = _require_netaddr('cell_subnets')
     net = _network(pool, 'pool', 'cell_subnets')
     prefix = _int_arg(prefix, 'prefix', 'cell_subnets')
     _check_prefix(net, prefix, 'cell_subnets')

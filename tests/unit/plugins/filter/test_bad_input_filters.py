@@ -99,7 +99,7 @@ def role_policy(**changes):
 
 
 def test_the_capability_names_are_the_launchers():
-    assert cell_policy.launcher_policy.KNOWN_CAPS == launcher.KNOWN_CAPS
+    assert cell_policy.launcher_policy().KNOWN_CAPS == launcher.KNOWN_CAPS
     assert len(launcher.KNOWN_CAPS) == 41
 
 
@@ -146,8 +146,8 @@ def test_slot_errors_and_fixed_keys_are_not_named_as_role_variables():
 def test_the_launcher_is_the_collections_src():
     """The filter imports the launcher's validator as a module of the collection
     (ansible_collections.chv.fleet.src.chv_guest), the same file the tests import."""
-    assert cell_policy.launcher_policy.__name__ == "ansible_collections.chv.fleet.src.chv_guest.cell.policy"
-    assert os.path.samefile(cell_policy.launcher_policy.__file__, launcher.__file__)
+    assert cell_policy.launcher_policy().__name__ == "ansible_collections.chv.fleet.src.chv_guest.cell.policy"
+    assert os.path.samefile(cell_policy.launcher_policy().__file__, launcher.__file__)
     with pytest.raises(AnsibleFilterError, match="expected the policy as a dict"):
         cell_policy.cell_policy_errors([])
 

@@ -11,10 +11,13 @@ __metaclass__ = type
 
 from ansible.errors import AnsibleFilterError
 
+
 # Imported where a filter runs, not at the top: to find one filter of the
 # collection, ansible-core loads every filter file of it into each task's
 # worker process, so an import here is paid by every task that uses any
 # chv.fleet filter (docs/performance.md, "Controller CPU").
+
+
 def _require_netaddr(name):
     """The netaddr module, or AnsibleFilterError naming filter ``name``."""
     try:

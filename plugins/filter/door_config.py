@@ -24,10 +24,7 @@ SERVICES = ('broker', 'browser')
 
 def _service(name, caller):
     """The service's config module (chv_guest.<name>.config), imported when a
-    filter runs, not at the top: to find one filter of the collection,
-    ansible-core loads every filter file of it into each task's worker
-    process, so an import here would be paid by every task that uses any
-    chv.fleet filter (docs/performance.md, "Controller CPU")."""
+    filter runs (see the note in pools.py)."""
     # pylint: disable=import-outside-toplevel
     if name == 'broker':
         from ansible_collections.chv.fleet.src.chv_guest.broker import config

@@ -305,7 +305,7 @@ def build_rows(r):
         rows.append(('%s, no-change re-run full / fast, %s (linear: %s / %s)' % (label, hosts, fmt_s(base_full), fmt_s(base_fast)),
                      '%s / %s' % (fmt_s(full), fmt_s(fast)), '-',
                      '%s / %s' % (fmt_r(ratio(full, base_full)), fmt_r(ratio(fast, base_fast))), '-',
-                     'the Molecule suite not run under it: not offered as a speed-up'))
+                     'not offered as a speed-up (docs/operations.md says why)'))
     return rows
 
 

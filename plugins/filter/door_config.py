@@ -13,6 +13,7 @@ door_config_errors.yml, door_default.yml), as ansible-core 2.19 expects."""
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
+import importlib
 import json
 from collections.abc import Mapping
 
@@ -25,15 +26,10 @@ SERVICES = ('broker', 'browser')
 def _service(name, caller):
     """The service's config module (chv_guest.<name>.config), imported when a
     filter runs (see the note in pools.py)."""
-    # pylint: disable=import-outside-toplevel
-    if name == 'broker':
-        from ansible_collections.chv.fleet.src.chv_guest.broker import config
-    elif name == 'browser':
-        from ansible_collections.chv.fleet.src.chv_guest.browser import config
-    else:
+    if name not in SERVICES:
         raise AnsibleFilterError('chv.fleet.%s: no door service %r (one of %s)'
                                  % (caller, name, ', '.join(SERVICES)))
-    return config
+    return importlib.import_module('ansible_collections.chv.fleet.src.chv_guest.%s.config' % name)
 
 
 def _plain(value, what, caller):

@@ -64,14 +64,24 @@ def entry(path, lstat=os.lstat, readlink=os.readlink):
     return rec
 
 
-def walk(roots, tops=(), lstat=os.lstat, readlink=os.readlink, listdir=os.listdir):
+# What a runtime path keeps in the manifest: its contents, inode and change time are its service's
+RUNTIME_KEYS = ("type", "mode", "uid", "gid", "target")
+
+
+def walk(roots, tops=(), runtime=(), lstat=os.lstat, readlink=os.readlink, listdir=os.listdir):
     """{path: entry} for every root and, below a root that is a directory, every path in it (links are
     recorded, never followed); for each of ``tops`` the path alone (a directory whose contents are the
-    host's, not the role's). Paths under /run (made at boot) and __pycache__ are left out."""
+    host's, not the role's); for each of ``runtime`` (what a role's service rewrites as it runs) the path
+    alone with its type, mode, owner and link target only. Paths under /run (made at boot) and __pycache__
+    are left out."""
     out = {}
     for top in tops:
         if not _skipped(top):
             out[top] = entry(top, lstat, readlink)
+    for path in runtime:
+        if not _skipped(path):
+            rec = entry(path, lstat, readlink)
+            out[path] = None if rec is None else dict((k, v) for k, v in rec.items() if k in RUNTIME_KEYS)
     pending = sorted(set(r for r in roots if not _skipped(r)), reverse=True)
     while pending:
         path = pending.pop()
@@ -128,15 +138,15 @@ def parse_nft_tables(text):
 
 
 def snapshot(want, read):
-    """The host's state of everything ``want`` names (the module's arguments: paths, tops, units, users,
-    groups, nft_tables, sysctls, packages); ``read`` gives the host's readers (see the module)."""
+    """The host's state of everything ``want`` names (the module's arguments: paths, tops, runtime, units,
+    users, groups, nft_tables, sysctls, packages); ``read`` gives the host's readers (see the module)."""
     units = sorted(set(want.get("units") or []))
     shown = read["units"](units) if units else {}
     installed = read["packages"]() if want.get("packages") else set()
     tables = read["nft_tables"]() if want.get("nft_tables") else set()
     return {
-        "paths": walk(want.get("paths") or [], want.get("tops") or (), read["lstat"], read["readlink"],
-                      read["listdir"]),
+        "paths": walk(want.get("paths") or [], want.get("tops") or (), want.get("runtime") or (), read["lstat"],
+                      read["readlink"], read["listdir"]),
         "units": dict((u, shown.get(u, {"file": "", "active": ""})) for u in units),
         "users": dict((u, read["user"](u)) for u in sorted(set(want.get("users") or []))),
         "groups": dict((g, read["group"](g)) for g in sorted(set(want.get("groups") or []))),

@@ -43,6 +43,8 @@ options:
       paths: {description: "Paths recorded with everything under them.", type: list, elements: path, default: []}
       tops: {description: "Paths recorded alone (directories whose contents are the host's).", type: list,
              elements: path, default: []}
+      runtime: {description: "Paths a role's service rewrites as it runs, recorded alone by type, mode, owner and
+                link target (not inode, size or change time).", type: list, elements: path, default: []}
       units: {description: "systemd units: enablement, and activity (not of socket- or timer-started services).",
               type: list, elements: str, default: []}
       users: {description: "Accounts, with their ids.", type: list, elements: str, default: []}
@@ -163,7 +165,8 @@ def main():
             digest=dict(type="str", required=True),
             cordon=dict(type="path", default="/run/chv-fleet/cordon"),
             want=dict(type="dict", required=True, options=dict(
-                paths=dict(listed, elements="path"), tops=dict(listed, elements="path"), units=listed,
+                paths=dict(listed, elements="path"), tops=dict(listed, elements="path"),
+                runtime=dict(listed, elements="path"), units=listed,
                 users=listed, groups=listed, nft_tables=listed, sysctls=listed, packages=listed)),
             gate_summary=dict(type="str", default=""),
         ),

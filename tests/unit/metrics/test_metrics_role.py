@@ -102,8 +102,8 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path):
     assert "chv-fleet-metrics.service" in proc.stderr, proc.stderr
 
 
-def owned_paths(**overrides):
-    """__metrics_owned's paths (vars/main.yml) as Ansible renders them, with the defaults and `overrides`."""
+def owned(what, **overrides):
+    """__metrics_owned's `what` list (vars/main.yml) as Ansible renders it, with the defaults and `overrides`."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
     main = _yaml("vars", "main.yml")
@@ -111,12 +111,26 @@ def owned_paths(**overrides):
     for key in ("__metrics_unit", "__metrics_timer", "__metrics_unit_dir", "__metrics_file_name", "__metrics_state_dir"):
         vars_[key] = main[key]
     vars_["__metrics_entry_point"] = env.from_string(main["__metrics_entry_point"]).render(**vars_)
-    return yaml.safe_load(env.from_string(main["__metrics_owned"]["paths"]).render(**vars_))
+    value = main["__metrics_owned"][what]
+    if isinstance(value, list):
+        return [env.from_string(item).render(**vars_) for item in value]
+    return yaml.safe_load(env.from_string(value).render(**vars_))
 
 
 def test_the_textfile_directory_is_removed_only_when_the_role_created_it():
-    shared = owned_paths(chv_metrics_textfile_dir="/srv/textfiles")
+    shared = owned("runtime", chv_metrics_textfile_dir="/srv/textfiles")
     assert "/srv/textfiles/chv_fleet.prom" in shared and "/srv/textfiles" not in shared  # node_exporter's stays
-    created = owned_paths(chv_metrics_textfile_dir="/srv/textfiles", chv_metrics_create_textfile_dir=True)
+    created = owned("runtime", chv_metrics_textfile_dir="/srv/textfiles", chv_metrics_create_textfile_dir=True)
     assert sorted(created) == sorted(shared + ["/srv/textfiles"])
-    assert "/var/lib/chv-fleet-metrics" in shared and "/etc/systemd/system/chv-fleet-metrics.timer" in shared
+    assert "/var/lib/chv-fleet-metrics" in shared
+    assert "/etc/systemd/system/chv-fleet-metrics.timer" in owned("paths")
+
+
+def test_what_the_collector_rewrites_is_runtime_never_under_a_walked_path():
+    """site.yml's fast path walks `paths` with inode and change time: the collector's file and counters,
+    rewritten every run, under one of them would send every run the full way (docs/operations.md)."""
+    for created in (False, True):
+        paths = owned("paths", chv_metrics_textfile_dir="/srv/textfiles", chv_metrics_create_textfile_dir=created)
+        for path in owned("runtime", chv_metrics_textfile_dir="/srv/textfiles",
+                          chv_metrics_create_textfile_dir=created):
+            assert not any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths), (path, paths)

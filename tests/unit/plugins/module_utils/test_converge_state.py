@@ -90,6 +90,39 @@ def test_a_rewrite_in_place_changes_the_ctime(tree):
     assert not got["fresh"] and got["reasons"] == ["%s: ctime_ns changed" % (etc / "policy.json")], got
 
 
+def test_a_runtime_path_may_be_rewritten_but_not_removed_retyped_or_chmodded(tmp_path):
+    """What a role's service rewrites as it runs (the metrics collector's file and state directory): its
+    contents, inode and change time are the service's; its type, mode and owner are the role's."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "events.json").write_text("{}")
+    prom = tmp_path / "chv_fleet.prom"
+    prom.write_text("a 1\n")
+    want = {"paths": [], "runtime": [str(state), str(prom)]}
+    _, read = readers()
+    stamp = json.loads(json.dumps(cs.stamp(want, "d1", "", 1000.0, read)))
+    assert sorted(stamp["state"]["paths"][str(prom)]) == ["gid", "mode", "type", "uid"]
+    assert str(state / "events.json") not in stamp["state"]["paths"]  # the directory alone
+    # the service's runs: the file replaced with other contents, the state directory's entries renamed
+    (tmp_path / "new.prom").write_text("a 12345\n")
+    os.rename(str(tmp_path / "new.prom"), str(prom))
+    (state / "events.json.tmp").write_text('{"n": 1}')
+    os.rename(str(state / "events.json.tmp"), str(state / "events.json"))
+    assert cs.verify(stamp, want, "d1", 1001.0, read) == {"fresh": True, "reasons": [], "gate_age": 1.0}
+    # control: the same rewrite under `paths` takes the full path
+    walked = {"paths": [str(state), str(prom)]}
+    walked_stamp = cs.stamp(walked, "d1", "", 1000.0, read)
+    prom.write_text("a 123456\n")
+    assert not cs.verify(walked_stamp, walked, "d1", 1001.0, read)["fresh"]
+    # ... and a runtime path's mode, type or presence is still compared
+    os.chmod(str(state), 0o755)
+    got = cs.verify(stamp, want, "d1", 1002.0, read)
+    assert got["reasons"] == ["%s: mode changed" % state], got
+    os.chmod(str(state), 0o700)
+    prom.unlink()
+    assert cs.verify(stamp, want, "d1", 1003.0, read)["reasons"] == ["%s: gone" % prom]
+
+
 @pytest.mark.parametrize("what, mutate, reason", [
     ("unit", lambda s: s["units"].update({"chv-cell-nat.service": {"file": "enabled", "active": "inactive"}}),
      "unit chv-cell-nat.service: inactive, was active"),

@@ -157,6 +157,7 @@ def run_worker(argv: List[str], env: Mapping[str, str], stdin_data: Optional[byt
     if leader_pidfd is not None:
         poller.register(leader_pidfd, select.POLLIN)
     open_fds = set(bufs)
+    finished = False  # the loop ended by itself, not by an exception (a stop signal of the caller's)
     try:
         while open_fds and ended is None:
             left = deadline - time.monotonic()
@@ -189,8 +190,9 @@ def run_worker(argv: List[str], env: Mapping[str, str], stdin_data: Optional[byt
                     bufs[fd] += chunk[:max(room, 0)]
                     if len(chunk) > room:
                         truncated, ended = True, "output"
+        finished = True
     finally:
-        if ended is not None:
+        if ended is not None or not finished:  # never left running after its caller stops watching it
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -200,7 +202,7 @@ def run_worker(argv: List[str], env: Mapping[str, str], stdin_data: Optional[byt
         if not proc.stdin.closed:
             proc.stdin.close()
         try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()) if ended is None else 10)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()) if ended is None and finished else 10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -232,13 +232,20 @@ def read_request(pol: policymod.Policy, req: AgentRequest, caller_uid: int = 0) 
     from . import slotfiles  # noqa: PLC0415
     from . import taskrec  # noqa: PLC0415
 
-    owner_task = taskrec.reserved_by(pol, cast(str, req.slot))
-    rec = taskrec.read(pol, owner_task) if owner_task else None
-    if rec is not None and not taskrec.may_use(rec, caller_uid):
-        logmod.log("read: slot %s belongs to a task of another user (uid %d may not read it)"
-                   % (req.slot, caller_uid))
-        return exits.EXIT_NO_TASK
+    def allowed() -> Optional[int]:
+        owner_task = taskrec.reserved_by(pol, cast(str, req.slot))
+        rec = taskrec.read(pol, owner_task) if owner_task else None
+        if rec is not None and not taskrec.may_use(rec, caller_uid):
+            logmod.log("read: slot %s belongs to a task of another user (uid %d may not read it)"
+                       % (req.slot, caller_uid))
+            return exits.EXIT_NO_TASK
+        return None
 
+    refused = allowed()
+    if refused is not None:
+        return refused
     sys.stdout.flush()
-    # a read request names both (agent._parse_read, main)
-    return slotfiles.read_file(pol, cast(str, req.slot), cast(str, req.path), out_fd=1, log=logmod.log)
+    # a read request names both (agent._parse_read, main); the owner is looked at again once the file is
+    # open: a task started meanwhile (its record is written before its slot is filled, tasks.start) is its own
+    return slotfiles.read_file(pol, cast(str, req.slot), cast(str, req.path), out_fd=1, log=logmod.log,
+                               allowed=allowed)

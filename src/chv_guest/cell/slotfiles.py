@@ -305,9 +305,14 @@ def copy_bounded(fd: int, out_fd: int, max_bytes: int) -> Tuple[int, bool]:
 
 
 def read_file(policy: Policy, slot_name: str, path: str, out_fd: int = 1,
-              log: Optional[Callable[[str], object]] = None, use_openat2: bool = True) -> int:
+              log: Optional[Callable[[str], object]] = None, use_openat2: bool = True,
+              allowed: Optional[Callable[[], Optional[int]]] = None) -> int:
     """``chv-cell read --slot SLOT PATH``: the file's bytes to ``out_fd``;
-    the exit code (one ``log`` line for every refusal)."""
+    the exit code (one ``log`` line for every refusal).  ``allowed`` (the
+    caller's check of who may read the slot) runs again once the file is
+    open, before a byte is copied: a refusal code from it (it logs why)
+    ends the read, so a task that took the slot between the caller's first
+    check and the open is never read by another user."""
     log = log or (lambda msg: sys.stderr.write("chv-cell: %s\n" % msg))
     slot = next((s for s in policy["slots"] if s["name"] == slot_name), None)
     if slot is None:
@@ -320,6 +325,9 @@ def read_file(policy: Policy, slot_name: str, path: str, out_fd: int = 1,
         log("read: %s" % exc)
         return exc.code
     try:
+        refused = allowed() if allowed is not None else None
+        if refused is not None:
+            return refused
         done, more = copy_bounded(fd, out_fd, max_bytes)
     except OSError as exc:
         log("read: %s: %s" % (path, exc.strerror))

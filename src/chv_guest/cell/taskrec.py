@@ -60,9 +60,11 @@ def expires(rec: Dict[str, Any]) -> float:
 
 def expired(rec: Dict[str, Any], now: float) -> bool:
     """The task is to be torn down: its TTL has passed since its last use,
-    or its end began and did not finish (``ending``).  Whether a turn runs
-    is the caller's to check (the slot's lock)."""
-    return bool(rec.get("ending")) or now > expires(rec)
+    its end began and did not finish (``ending``), or its start did not
+    (``starting``: a start holds its slot's lock throughout, so one whose
+    lock is free died).  Whether a turn or the start runs is the caller's
+    to check (the slot's lock)."""
+    return bool(rec.get("ending") or rec.get("starting")) or now > expires(rec)
 
 
 def may_use(rec: Dict[str, Any], uid: int) -> bool:

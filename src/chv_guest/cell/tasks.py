@@ -13,11 +13,13 @@ chv-cell-task-reap.timer of cell_runtime)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
-from typing import IO, Any, Callable, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import argv as argvmod
 from . import claim as claimmod
@@ -151,6 +153,7 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
     while True:
         candidates = [(s, _lock(policy, s)) for s in policy["slots"]
                       if s["name"] not in policy["warm_slots"] and s["name"] not in taken
+                      and s["name"] != policy.get("health_slot")  # the health gate's, as for runs without --slot
                       and taskrec.reserved_by(policy, s["name"]) is None]
         if not candidates:
             raise TaskError(exits.EXIT_BUSY, "no slot free for a task (%d slot(s), %d warm, the others busy or "
@@ -164,36 +167,78 @@ def start(policy: policymod.Policy, owner: int, ttl: Optional[float] = None, tim
             if taskrec.reserved_by(policy, slot["name"]) is not None:
                 taken.add(slot["name"])  # a task took it between the look and the lock
                 continue
-            try:
-                empty_slot(policy, slot)
-            except (SetupError, OSError) as exc:
-                raise TaskError(exits.EXIT_SETUP, "cannot prepare slot %s for a task: %s" % (slot["name"], exc))
-            rec = taskrec.new_record(taskrec.new_id(), slot["name"], owner, life, time.time())
-            if repo is not None:
-                rec["repo"] = _clone(policy, slot, repo)
+            # The record first (``starting``): the slot is the owner's before a byte of the task is in it,
+            # so no other user reads the clone as it arrives (actions.read_request). A start that dies
+            # leaves a starting record, torn down by the next reap once its lock is free (taskrec.expired).
+            rec = dict(taskrec.new_record(taskrec.new_id(), slot["name"], owner, life, time.time()), starting=True)
             try:
                 taskenv.save_task_env(taskrec.tasks_dir(policy), rec["task"], env or {})
                 taskrec.write(policy, rec)
             except OSError:
                 taskenv.remove_task_env(taskrec.tasks_dir(policy), rec["task"])
                 raise
+            try:
+                with stop_signals():
+                    try:
+                        empty_slot(policy, slot)
+                    except (SetupError, OSError) as exc:
+                        raise TaskError(exits.EXIT_SETUP, "cannot prepare slot %s for a task: %s"
+                                        % (slot["name"], exc))
+                    if repo is not None:
+                        rec["repo"] = _clone(policy, slot, repo)
+                    del rec["starting"]
+                    taskrec.write(policy, rec)
+            except BaseException:
+                _abandon(policy, slot, rec)
+                raise
             return taskrec.public(rec, policy)
         finally:
             held.release()
 
 
+class StartStopped(TaskError):
+    """``task start`` was stopped by a signal (its sudo relays SIGTERM, SIGHUP and SIGINT)."""
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """SIGTERM, SIGHUP and SIGINT as StartStopped while a start fills its
+    slot: the clone's worker is killed (server.run_worker) and the slot
+    emptied again (_abandon), never left running or filled in a free slot."""
+    def stopped(signum: int, _frame: object) -> None:
+        raise StartStopped(exits.EXIT_SETUP, "task start: stopped by signal %d; the slot was emptied" % signum)
+
+    old = dict((s, signal.signal(s, stopped)) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _abandon(policy: policymod.Policy, slot: policymod.Slot, rec: Dict[str, Any]) -> None:
+    """A start that did not finish (its slot's lock still held): the slot
+    emptied again, then the task's variables and record removed (the slot
+    is free); a slot that cannot be emptied keeps its starting record, for
+    the next reap (taskrec.expired)."""
+    try:
+        empty_slot(policy, slot)
+    except (SetupError, OSError) as exc:
+        log("slot %s: cannot empty the slot after a start that did not finish: %s; the next reap retries"
+            % (slot["name"], exc))
+        return
+    taskenv.remove_task_env(taskrec.tasks_dir(policy), rec["task"])
+    taskrec.remove(policy, rec["task"])
+
+
 def _clone(policy: policymod.Policy, slot: policymod.Slot, repo: Tuple[str, Optional[str]]) -> Dict[str, Any]:
     """The task's repository cloned into the slot's emptied workspace
-    (clone.py); on failure the slot is emptied again and TaskError says why."""
+    (clone.py); on failure TaskError says why (start's _abandon empties the slot again)."""
     from . import clone  # noqa: PLC0415 (tasks with a repository only)
 
     try:
         return clone.clone_into(policy, slot, repo[0], repo[1])
     except clone.CloneError as exc:
-        try:
-            empty_slot(policy, slot)
-        except (SetupError, OSError) as again:
-            log("slot %s: cannot empty the slot after a failed clone: %s" % (slot["name"], again))
         raise TaskError(exc.code, "task start: %s" % exc)
 
 

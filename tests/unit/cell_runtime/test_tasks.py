@@ -348,3 +348,100 @@ def test_a_cordon_stops_new_tasks_not_the_turns_of_a_started_one(pol, emptied, m
     assert seen[-1] == (None, False)  # control: a plain run still meets the cordon
     cordonmod.clear(pol["state_dir"])
     assert tasks.start(pol, OTHER)["slot"] == "slot1"  # uncordoned: new tasks again
+
+
+# ---------------------------------------------------------------- a start between tenants
+def test_the_slot_is_the_owners_before_a_byte_of_the_task_is_in_it(pol, monkeypatch, tmp_path):
+    """The record first: while the start empties and fills the slot, another user's read finds it owned
+    (hostile-tenant review: a read looped beside a start got the clone as it arrived)."""
+    from chv_guest.cell import actions, agent
+
+    seen = []
+    req = agent.AgentRequest("read", "slot0", None, None, False, False, [], None, "r.txt")
+
+    def filling(p, slot):
+        seen.append((taskrec.reserved_by(p, slot["name"]) is not None, actions.read_request(p, req, OTHER)))
+
+    monkeypatch.setattr(tasks, "empty_slot", filling)
+    t = tasks.start(pol, OWNER)
+    assert seen == [(True, exits.EXIT_NO_TASK)]
+    rec = taskrec.read(pol, t["task"])
+    assert "starting" not in rec and rec["owner"] == OWNER
+    # control: with no task in the slot, the same read by the same user is not refused for ownership
+    tasks.end(pol, t["task"], OWNER)
+    assert actions.read_request(pol, req, OTHER) != exits.EXIT_NO_TASK
+
+
+def test_a_read_looks_at_the_owner_again_once_the_file_is_open(pol, emptied, monkeypatch, capfd):
+    """A task that takes the slot between a read's first look and its open: nothing is copied."""
+    from chv_guest.cell import actions, agent, slotfiles
+
+    ws = os.path.join(pol["workspace_root"], "slot0")
+    os.makedirs(ws, exist_ok=True)
+    with open(os.path.join(ws, "r.txt"), "w") as fh:
+        fh.write("the task's secret\n")
+    uid = pol["slots"][0]["uid_base"]
+    for p in (ws, os.path.join(ws, "r.txt")):
+        os.chown(p, uid, uid)
+    req = agent.AgentRequest("read", "slot0", None, None, False, False, [], None, "r.txt")
+    real_open = slotfiles.open_slot_file
+    started = []
+
+    def open_then_start(*a, **kw):
+        got = real_open(*a, **kw)
+        if not started:
+            started.append(tasks.start(pol, OWNER))  # the task arrives after the look, before the copy
+        return got
+
+    monkeypatch.setattr(slotfiles, "open_slot_file", open_then_start)
+    capfd.readouterr()
+    assert actions.read_request(pol, req, OTHER) == exits.EXIT_NO_TASK
+    assert "secret" not in capfd.readouterr().out
+    # control: the owner's read of the same file copies it
+    assert actions.read_request(pol, req, OWNER) == 0
+    assert "the task's secret" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("signum", [15, 1, 2])
+def test_a_start_stopped_by_a_signal_empties_the_slot_and_frees_it(pol, monkeypatch, signum):
+    """sudo relays the executor's SIGTERM, SIGHUP (a dropped SSH) and SIGINT to task start: the start
+    stops, its slot is emptied again and free, its record and variables gone."""
+    calls = []
+
+    def empty(p, slot):
+        calls.append(slot["name"])
+        if len(calls) == 1:
+            os.kill(os.getpid(), signum)  # arrives while the slot is being filled
+
+    monkeypatch.setattr(tasks, "empty_slot", empty)
+    with pytest.raises(tasks.StartStopped) as exc:
+        tasks.start(pol, OWNER, env={"A": "1"})
+    assert exc.value.code == exits.EXIT_SETUP and str(signum) in str(exc.value)
+    assert calls == ["slot0", "slot0"] and taskrec.all_records(pol) == []
+    assert os.listdir(taskrec.tasks_dir(pol)) == []  # no variables left either
+    assert tasks.start(pol, OWNER)["slot"] == "slot0"  # control: free again, and signals as before
+    import signal as sig
+    assert sig.getsignal(signum) in (sig.SIG_DFL, sig.default_int_handler)
+
+
+def test_a_start_that_died_leaves_a_starting_record_the_next_reap_tears_down(pol, emptied):
+    rec = dict(taskrec.new_record(taskrec.new_id(), "slot0", OWNER, 100.0, 1e12), starting=True)
+    taskrec.write(pol, rec)
+    assert taskrec.reserved_by(pol, "slot0") == rec["task"]  # the slot stays its owner's meanwhile
+    held = claimmod.try_claim(argvmod.cell_paths(pol, pol["slots"][0])["lock"])
+    try:
+        assert tasks.reap(pol) == []  # control: its start still holds the lock
+    finally:
+        held.release()
+    assert tasks.reap(pol) == [rec["task"]] and emptied == ["slot0"]
+    assert taskrec.reserved_by(pol, "slot0") is None
+
+
+def test_the_health_gates_slot_is_never_a_tasks(pol, emptied):
+    pol["health_slot"] = "slot0"
+    assert tasks.start(pol, OWNER)["slot"] == "slot1"
+    with pytest.raises(tasks.TaskError) as exc:
+        tasks.start(pol, OWNER)
+    assert exc.value.code == exits.EXIT_BUSY
+    pol["health_slot"] = ""
+    assert tasks.start(pol, OWNER)["slot"] == "slot0"  # control

@@ -48,7 +48,9 @@ from . import families as familiesmod
 from . import health as healthmod
 from . import policy as policymod
 from . import records
-from .catalog import BY_ID, CASES, EXCLUSIVE_SKIP, LIFECYCLE_CASES, judge
+from . import resolver as resolvermod
+from . import egresslog
+from .catalog import BY_ID, EXCLUSIVE_SKIP, LIFECYCLE_CASES, cases_for, egress_mode, judge
 from .catalog.case import Result, error
 from .catalog.facts import COOKIE_NAME, COOKIE_PATH, METADATA, QUOTA_EXTRA, RAW_MARKER, SHOTS_DIR, Facts, marker
 from .catalog.fs import hidden_paths
@@ -104,11 +106,12 @@ def verdict_of(results: Mapping[str, Result], strict_skips: bool = False) -> Tup
 # ------------------------------------------------------------- reports
 
 def report(results: Mapping[str, Result], header: Dict[str, str], strict_skips: bool = False,
-           only: Optional[Sequence[str]] = None) -> Facts:
-    """The report of every case (or of the cases ``only`` names), in the catalog's order."""
+           only: Optional[Sequence[str]] = None, mode: str = "cidr") -> Facts:
+    """The report of every case of a guest in egress ``mode`` (or of the
+    cases ``only`` names), in the catalog's order."""
     verdict, code, counts = verdict_of(results, strict_skips)
     cases: List[Facts] = []
-    for c in CASES:
+    for c in cases_for(mode):
         if only is not None and c.id not in only:
             continue
         r = results.get(c.id) or error("the audit did not reach this case")
@@ -531,6 +534,8 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
             denied["special"] = "http://%s:%s/chv-audit-door" % tuple(tcp["special"])
         request["browser"] = {"allowed": opts["allow_url"], "denied": denied}
         request["cookie"] = cookie_url(opts["allow_url"], nonce)
+    if pol.get("egress_proxy"):
+        request["egress"] = _egress_request(pol, opts, listener.port, g)
     _tenant_fixtures(pol, slot_a, slot_b, request, fix, facts, mark)
     if opts.get("probes") is not None:
         compose(request, opts["probes"])
@@ -574,6 +579,7 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
         relay = threading.Thread(target=_quota_relay, args=(pol, slot_a, slot_b, mark, g), daemon=True)
         relay.start()
     counters_before = healthmod.read_counters()
+    log_before = _log_size(opts.get("egress_log") or egresslog.DEFAULT_LOG) if request.get("egress") else 0
     seen_before = len(listener.seen)
     image_before = _allocated(g["disk"].get("image")) if "disk" in g else 0
     rc, out, err = _run_cell(launch, slot_a["name"], ["python3", "-I", script, "in-cell", json.dumps(request)],
@@ -583,6 +589,11 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
         # guest moves that meanwhile)
         g["disk"]["image_grew"] = _allocated(g["disk"].get("image")) - image_before
     counters_after = healthmod.read_counters()
+    if request.get("egress"):
+        # squid writes a line when a connection ends: the last ones may come a moment after cell A's
+        time.sleep(1)
+        g["egress"]["log"] = _log_since(opts.get("egress_log") or egresslog.DEFAULT_LOG, log_before,
+                                        slot_a["name"])
     if relay is not None:
         relay.join(60)
     g["listener_seen"] = listener.seen[seen_before:]  # what reached the guest's listener while cell A ran
@@ -616,9 +627,70 @@ def _cell_probes(pol: policymod.Policy, policy_path: str, slot_a: policymod.Slot
         g["broker_cell_uid"] = _broker_as(request["broker_client"], uid_a, opts.get("broker_socket"))
 
 
+def _resolve(name: str) -> str:
+    """The guest's IPv4 address for ``name``, or "" (it does not resolve)."""
+    try:
+        return str(socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
+    except (OSError, IndexError, UnicodeError):
+        return ""
+
+
+def _egress_request(pol: policymod.Policy, opts: Facts, guest_port: int, g: Facts) -> Facts:
+    """Proxy mode (EGR cases): what cell A asks through its proxy (each
+    --allow-name and --deny-name, the first allowed name's address as an IP
+    literal, each --inside-name on the guest's listener port), what it
+    tries past the proxy (the allowed names' addresses) and the resolvers it
+    queries (those a cell would get outside proxy mode); the guest's own
+    connections to the same destinations and queries to the same resolvers
+    (the controls) go into g["egress"]."""
+    connect: Dict[str, List[Any]] = {}
+    direct: Dict[str, List[Any]] = {}
+    e: Facts = {"resolved": {}, "reach": {}, "dns": {}}
+    for kind in ("allow", "deny"):
+        for target in opts.get(kind + "_name") or []:
+            host, port = healthmod.parse_target(target)
+            addr = e["resolved"][host] = _resolve(host)
+            connect["%s:%s:%d" % (kind, host, port)] = [host, port]
+            e["reach"]["%s:%s:%d" % (kind, host, port)] = probe.connect(addr, port) if addr else "does not resolve"
+            if kind == "allow" and addr:
+                direct["%s:%d" % (addr, port)] = [addr, port]
+                connect.setdefault("literal:%s:%d" % (addr, port), [addr, port])
+    for name in opts.get("inside_name") or []:
+        connect["inside:%s:%d" % (name, guest_port)] = [name, guest_port]
+    names = [healthmod.parse_target(t)[0] for t in opts.get("allow_name") or []]
+    qname = names[0] if names else "chv-audit.invalid"
+    try:
+        servers = resolvermod.host_upstream(pol["dns_servers"] or None)[0]
+    except resolvermod.ResolverError:
+        servers = []  # EGR-05: an error, nothing to query
+    e["dns"] = dict((server, probe.dns_query(server, qname)) for server in servers)
+    e["qname"] = qname
+    g["egress"] = e
+    return {"connect": connect, "direct": direct, "dns": sorted(servers), "qname": qname}
+
+
+def _log_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _log_since(path: str, offset: int, slot: str) -> List[Dict[str, object]]:
+    """The proxy's log lines for ``slot`` written after ``offset`` (egresslog's fields)."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as fh:
+            fh.seek(offset)
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    parsed = [egresslog.parse_line(line) for line in lines]
+    return [p for p in parsed if p is not None and p["slot"] == slot]
+
+
 # the keys of cell A's request that only a section of its report reads (the others every section may read)
 SECTION_KEYS = {"browser": ("browser",), "cookie": ("cookie",), "sync": ("sync",), "quota": ("quota",),
-                "disk": ("disk",), "plant": ("plant",), "kernel": ("families",)}
+                "disk": ("disk",), "plant": ("plant",), "kernel": ("families",), "egress": ("egress",)}
 
 
 def compose(request: Facts, probes: Iterable[str]) -> None:
@@ -992,6 +1064,7 @@ def run(policy_path: str, opts: Facts) -> Facts:
     facts["guest"]["left_behind"] = _left_behind(pol, audited)
     results = judge(facts, cases or None)
     head = header(policy_path, opts.get("labels", {}))
+    head["egress_mode"] = egress_mode(pol)
     if opts.get("keep"):
         head["kept"] = " ".join(kept)
-    return report(results, head, opts.get("strict_skips", False), cases or None)
+    return report(results, head, opts.get("strict_skips", False), cases or None, head["egress_mode"])

@@ -113,6 +113,61 @@ def connect_all(targets: Mapping[str, Sequence[Any]], family: int = socket.AF_IN
     return dict((key, out.get(key, "no result")) for key in targets)
 
 
+def dns_query(server: str, name: str, timeout: float = CONNECT_TIMEOUT) -> str:
+    """One DNS query (the A record of ``name``, over UDP to ``server`` port
+    53): "answered" when a reply with the query's id came back, else the
+    error's name (a dropped query is a TimeoutError)."""
+    qid = os.urandom(2)
+    labels = b"".join(bytes([len(part)]) + part.encode("ascii") for part in name.rstrip(".").split("."))
+    query = qid + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + labels + b"\x00\x00\x01\x00\x01"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(timeout)
+            s.connect((server, 53))
+            s.send(query)
+            while s.recv(4096)[:2] != qid:
+                pass
+            return "answered"
+    except OSError as exc:
+        return _errname(exc)
+
+
+def proxy_connect(proxy: str, host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> str:
+    """``CONNECT host:port`` through the proxy ``http://ADDR:PORT`` (the
+    cell's HTTPS_PROXY): "status NNN" from the proxy's answer, or the
+    error's name (no proxy, a dropped or refused connection)."""
+    addr, sep, pport = proxy.rstrip("/").rpartition("://")[2].rpartition(":")
+    if not proxy.startswith("http://") or not sep or not pport.isdigit():
+        return "no proxy: %r" % proxy
+    target = "%s:%d" % (host, port)
+    try:
+        with socket.create_connection((addr, int(pport)), timeout) as s:
+            s.settimeout(timeout + 5)
+            s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode("ascii"))
+            head = b""
+            while b"\r\n" not in head and len(head) < 4096:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            words = head.split(b"\r\n", 1)[0].split()
+            return "status %s" % words[1].decode("ascii", "replace") if len(words) > 1 else "no answer"
+    except OSError as exc:
+        return _errname(exc)
+
+
+def egress_probe(spec: Mapping[str, Any]) -> Dict[str, Any]:
+    """Proxy mode (EGR cases): CONNECTs through the proxy the cell's own
+    HTTPS_PROXY names, direct connections past it and DNS queries to every
+    resolver the guest knows."""
+    proxy = os.environ.get("HTTPS_PROXY", "")
+    out: Dict[str, Any] = {"proxy": proxy, "direct": connect_all(spec["direct"]),
+                           "dns": dict((server, dns_query(server, spec["qname"])) for server in spec["dns"])}
+    out["connect"] = dict((key, proxy_connect(proxy, host, int(port)))
+                          for key, (host, port) in sorted(spec["connect"].items()))
+    return out
+
+
 def _run(argv: List[str]) -> Dict[str, Any]:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
@@ -306,7 +361,8 @@ def _browser(client: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
 # The sections of cell A's report (each the key of its results), run when
 # the request's "probes" names them (every one when it names none): the
 # cases of a run name theirs (catalog/, Case.probes).
-SECTIONS = ("read", "write", "kernel", "tcp", "tcp6", "disk", "plant", "broker", "browser", "cookie", "sync", "quota")
+SECTIONS = ("read", "write", "kernel", "tcp", "tcp6", "disk", "plant", "broker", "browser", "cookie", "sync", "quota",
+            "egress")
 
 
 def in_cell(req: Mapping[str, Any]) -> Dict[str, Any]:
@@ -348,6 +404,8 @@ def in_cell(req: Mapping[str, Any]) -> Dict[str, Any]:
         out["sync"] = sync_probe(client, req["sync"])
     if client and req.get("quota") and "quota" in want:
         out["quota"] = quota_probe(client, req["quota"])
+    if req.get("egress") and "egress" in want:
+        out["egress"] = egress_probe(req["egress"])
     return out
 
 

@@ -218,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "are skipped (\"needs every slot free\"; --strict-skips then fails the run)")
     _repeated(u, "--allow", "HOST:PORT", "a destination cells may reach (NET-01)")
     _repeated(u, "--deny", "HOST:PORT", "a destination the egress policy denies and the guest reaches (NET-05)")
+    _repeated(u, "--allow-name", "HOST:PORT", "proxy mode: a name the proxy's list allows for the slot, resolving to "
+              "a listener the guest reaches (EGR-01, EGR-03, EGR-05, EGR-06)")
+    _repeated(u, "--deny-name", "HOST:PORT", "proxy mode: a name no entry of the list allows for the slot, "
+              "resolving to a listener the guest reaches (EGR-02)")
+    _repeated(u, "--inside-name", "NAME", "proxy mode: a name the list allows that resolves to the guest's "
+              "loopback or another guest address (EGR-04)")
     u.add_argument("--allow-url", metavar="URL",
                    help="an http(s) page cells may open through chv-browser (BRW cases; BRW-04 needs the page "
                    "chv-cell audit's own listener serves)")
@@ -254,7 +260,7 @@ def _targets_ok(ns: argparse.Namespace) -> bool:
     from . import health as healthmod  # noqa: PLC0415
 
     try:
-        for target in ns.allow + ns.deny:
+        for target in ns.allow + ns.deny + getattr(ns, "allow_name", []) + getattr(ns, "deny_name", []):
             healthmod.parse_target(target)
     except ValueError as exc:
         logmod.log("%s: %s" % (ns.action, exc))
@@ -321,12 +327,19 @@ def audit(ns: argparse.Namespace) -> int:
     if unknown:
         logmod.log("audit: --case %s: no such case (chv-cell audit --list)" % ", ".join(unknown))
         return exits.EXIT_CONFIG
+    mode = catalog.egress_mode(policymod.load(ns.policy))
+    other = [cid for cid in ns.case if not catalog.BY_ID[cid].applies(mode)]
+    if other:
+        logmod.log("audit: --case %s: not judged on this guest, whose egress mode is %s (chv-cell audit --list)"
+                   % (", ".join(other), mode))
+        return exits.EXIT_CONFIG
     unprovable = [cid for cid in ns.case if cid in catalog.NOT_COUNTER_PROVABLE]
     if ns.counter_proof and unprovable:
         logmod.log("audit: --counter-proof --case %s: not counter-provable here (chv-cell audit --list)"
                    % ", ".join(unprovable))
         return exits.EXIT_CONFIG
     opts = {"slot": ns.slot, "allow": ns.allow, "deny": ns.deny, "metadata_stand_in": ns.metadata_stand_in,
+            "allow_name": ns.allow_name, "deny_name": ns.deny_name, "inside_name": ns.inside_name,
             "allow_url": ns.allow_url, "special": ns.special,
             "trusted": ns.trusted, "broker_client": ns.broker_client, "runs": ns.runs, "timeout": ns.timeout,
             "labels": labels, "strict_skips": ns.strict_skips, "cases": ns.case, "keep": ns.keep,

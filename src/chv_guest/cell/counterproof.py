@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import audit
@@ -38,6 +39,7 @@ from . import catalog
 from . import policy as policymod
 from . import ruleset as rulesetmod
 from . import doorbuild
+from . import egresslog
 from .catalog.loosen import Context, Loosening, through_doors
 
 COMMENT = "chv-audit counter-proof"
@@ -108,6 +110,68 @@ def insert_rules(pol: policymod.Policy, rules: Sequence[Tuple[str, str]]) -> Non
             raise RuntimeError("nft insert rule %s %s: %s" % (chain, rule, p.stderr.strip()))
 
 
+PROXY_ORIG = egresslog.PROXY_CONF + ".chv-audit-orig"  # the proxy's configuration while a loosening widens it
+ACCEPTING = "Accepting HTTP Socket connections"  # squid's cache.log, at each start and reconfigure
+
+
+def _accepting() -> int:
+    try:
+        with open(egresslog.CACHE_LOG, "r", encoding="utf-8", errors="replace") as fh:
+            return fh.read().count(ACCEPTING)
+    except OSError:
+        return 0
+
+
+def reload_proxy(pol: policymod.Policy, wait: float = 20.0) -> None:
+    """Reconfigure the egress proxy (its unit's reload) and wait until it accepts connections again."""
+    before = _accepting()
+    systemctl = os.path.join(os.path.dirname(pol["systemd_run"]), "systemctl")
+    p = subprocess.run([systemctl, "reload", egresslog.PROXY_UNIT], capture_output=True, text=True, check=False,
+                       timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError("systemctl reload %s: %s" % (egresslog.PROXY_UNIT, p.stderr.strip()))
+    deadline = time.monotonic() + wait
+    while _accepting() <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError("%s did not accept connections again within %.0f s of its reload"
+                               % (egresslog.PROXY_UNIT, wait))
+        time.sleep(0.1)
+
+
+def _write_in_place(path: str, text: str) -> None:
+    """The file's new text, its owner and mode kept (the same inode)."""
+    with open(path, "r+") as fh:
+        fh.write(text)
+        fh.truncate()
+
+
+def widen_proxy(pol: policymod.Policy, edit: Callable[[str, Context], str], ctx: Context) -> None:
+    """The proxy's configuration as ``edit`` makes it, for one run: the
+    original is kept in PROXY_ORIG first (put back by restore_proxy, also
+    after a killed audit: the next counter-proof's start)."""
+    with open(egresslog.PROXY_CONF) as fh:
+        text = fh.read()
+    widened = edit(text, ctx)
+    with open(PROXY_ORIG, "w") as fh:
+        fh.write(text)
+    _write_in_place(egresslog.PROXY_CONF, widened)
+    reload_proxy(pol)
+
+
+def restore_proxy(pol: policymod.Policy) -> bool:
+    """Put back the proxy's configuration a loosening widened (PROXY_ORIG)
+    and reconfigure it; False when there is none to put back."""
+    try:
+        with open(PROXY_ORIG) as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    _write_in_place(egresslog.PROXY_CONF, text)
+    os.unlink(PROXY_ORIG)
+    reload_proxy(pol)
+    return True
+
+
 def copy_prefix(pid: int) -> str:
     """The name a policy copy of counter-proof ``pid`` starts with, in the state directory."""
     return "%s%d-" % (COPY_PREFIX, pid)
@@ -140,6 +204,10 @@ def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -
     reason = loosening.needs(ctx) if loosening.needs else None
     if reason:
         return reason
+    judged = set(c["id"] for c in before["cases"])
+    if not judged & set(loosening.cases):
+        return "not judged on this guest: %s" % ", ".join("%s is of %s mode" % (cid, catalog.BY_ID[cid].mode)
+                                                         for cid in loosening.cases)
     skipped = dict((c["id"], c["probe"]) for c in before["cases"] if c["verdict"] == "skip")
     if all(cid in skipped for cid in loosening.cases):
         return "skipped in the run before: %s" % skipped[loosening.cases[0]]
@@ -216,6 +284,7 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
     stale = remove_rules(pol) + remove_elements(pol)
     stale_builds = doorbuild.remove_stale(os.path.join(os.path.dirname(pol["systemd_run"]), "systemctl"))
     stale_copies = remove_stale_copies(pol["state_dir"])
+    stale_proxy = restore_proxy(pol)
     loosenings = selected(opts.get("cases") or [])
     opts = dict(opts, cases=[])
     before = audit.run(policy_path, opts)
@@ -247,6 +316,8 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
                 insert_rules(pol, loosening.rules(ctx))
             if loosening.elements:
                 insert_elements(pol, loosening.elements(ctx))
+            if loosening.proxy:
+                widen_proxy(pol, loosening.proxy, ctx)
             results.append(attempt(loosening, lambda: audit.run(policy_path, dict(run_opts, cell_policy=copy_path))))
         except RuntimeError as exc:  # nft refused a rule, a test build did not start: nothing proven
             results.append({"name": loosening.name, "how": loosening.how, "expected": list(loosening.cases),
@@ -261,8 +332,11 @@ def run(policy_path: str, opts: Dict[str, Any]) -> Dict[str, Any]:
                 ctx.pop("doors", None)
             if copy_path:
                 os.unlink(copy_path)
+            if loosening.proxy:
+                restore_proxy(pol)
     after = audit.run(policy_path, cells_only)
-    return dict(summary(before, after, results, inapplicable, stale, stale_builds), stale_copies_removed=stale_copies)
+    return dict(summary(before, after, results, inapplicable, stale, stale_builds), stale_copies_removed=stale_copies,
+                stale_proxy_restored=stale_proxy)
 
 
 def summary(before: Dict[str, Any], after: Dict[str, Any], results: List[Dict[str, Any]], inapplicable: List[Dict[str, Any]],

@@ -19,6 +19,11 @@ import json
 from typing import Dict, Iterable, Optional, TextIO, Tuple
 
 DEFAULT_LOG = "/var/log/chv-egress-proxy/access.log"
+# the proxy's unit, configuration and squid's own log (roles/cell_nat/vars/main.yml), for the
+# counter-proof of chv-cell audit, which widens the list for one run (counterproof.py)
+PROXY_UNIT = "chv-egress-proxy.service"
+PROXY_CONF = "/etc/chv-fleet/egress-proxy/squid.conf"
+CACHE_LOG = "/var/log/chv-egress-proxy/cache.log"
 FIELDS = ("ts", "slot", "src", "method", "host", "port", "dst", "status", "bytes_out", "bytes_in", "ms")
 VERDICTS = ("allowed", "denied", "failed")
 _INTS = ("bytes_out", "bytes_in", "ms")

@@ -18,6 +18,7 @@ from chv_guest.cell import catalog
 from chv_guest.cell.catalog import facts as factsmod
 from chv_guest.cell.catalog import loosen
 from chv_guest.cell import counterproof
+from chv_guest.cell import egresslog
 from chv_guest.cell import exits
 from chv_guest.cell import policy as policymod
 from chv_guest.cell import runner
@@ -154,6 +155,45 @@ def facts(policy, tmp_path):
     return good_facts(policy, str(client))
 
 
+# the cases of each egress mode's guests
+CIDR_CASES = [c.id for c in catalog.cases_for("cidr")]
+PROXY_CASES = [c.id for c in catalog.cases_for("proxy")]
+ALLOW, DENY = "allow:api.lab.test:18770", "deny:evil.lab.test:18771"
+LITERAL, INSIDE = "literal:10.99.20.1:18770", "inside:guest.lab.test:18798"
+
+
+def _log_line(slot, host, port, dst, status):
+    """A line of the proxy's audit log, as egresslog reads it."""
+    return egresslog.parse_line("ts=1.000 slot=%s src=10.231.0.2 method=CONNECT host=%s port=%s dst=%s status=%s "
+                                "bytes_out=0 bytes_in=0 ms=1" % (slot, host, port, dst, status))
+
+
+@pytest.fixture
+def proxy_facts(policy, tmp_path):
+    """The facts of a run on a proxy-mode guest whose every boundary holds:
+    the cell's CONNECTs answered as the list says, its direct connection and
+    DNS dropped, each attempt in the proxy's log."""
+    client = tmp_path / "client.py"
+    client.write_text("")
+    f = good_facts(dict(policy, egress_proxy={"port": 3128}), str(client))
+    slot = f["slot_a"]["name"]
+    f["a"]["resolv"] = ""
+    f["a"]["egress"] = {"proxy": "http://%s:3128" % f["slot_a"]["gateway"],
+                        "connect": {ALLOW: "status 200", DENY: "status 403", LITERAL: "status 403",
+                                    INSIDE: "status 403"},
+                        "direct": {"10.99.20.1:18770": "TimeoutError"}, "dns": {"10.99.20.1": "TimeoutError"}}
+    f["guest"]["egress"] = {
+        "resolved": {"api.lab.test": "10.99.20.1", "evil.lab.test": "10.99.20.1"}, "qname": "api.lab.test",
+        "reach": {ALLOW: "connected: hello", DENY: "connected: hello", INSIDE: "connected: hello"},
+        "dns": {"10.99.20.1": "answered"},
+        "log": [_log_line(slot, "api.lab.test", 18770, "10.99.20.1", "TCP_TUNNEL/200"),
+                _log_line(slot, "evil.lab.test", 18771, "-", "TCP_DENIED/403"),
+                _log_line(slot, "10.99.20.1", 18770, "-", "TCP_DENIED/403"),
+                _log_line(slot, "guest.lab.test", 18798, "-", "TCP_DENIED/403")]}
+    f["guest"]["counters_moved"]["drop_proxy_mode"] = 3
+    return f
+
+
 def verdicts(results):
     return dict((cid, r["verdict"]) for cid, r in results.items())
 
@@ -167,7 +207,7 @@ def test_the_catalog_has_at_least_40_cases_with_unique_ids_by_area():
     assert len(ids) >= 40
     assert len(set(ids)) == len(ids)
     for c in catalog.CASES:
-        assert re.match(r"^(FS|ID|SYS|NET|IPC|BRW|TEN|LIFE|LIM)-\d\d$", c.id), c.id
+        assert re.match(r"^(FS|ID|SYS|NET|EGR|IPC|BRW|TEN|LIFE|LIM)-\d\d$", c.id), c.id
         assert c.title and c.probe and c.control, c.id
 
 
@@ -175,8 +215,9 @@ def test_each_case_is_one_object_in_its_areas_module():
     """catalog/<area>.py defines the area's cases, judge and loosening with
     them; the registry lists every area's, in catalog order."""
     modules = dict((m.__name__.rsplit(".", 1)[1], m) for m in (
-        catalog.fs, catalog.id_, catalog.net, catalog.ipc, catalog.brw, catalog.ten, catalog.life, catalog.lim))
-    assert sorted(modules) == ["brw", "fs", "id", "ipc", "life", "lim", "net", "ten"]
+        catalog.fs, catalog.id_, catalog.net, catalog.egr, catalog.ipc, catalog.brw, catalog.ten, catalog.life,
+        catalog.lim))
+    assert sorted(modules) == ["brw", "egr", "fs", "id", "ipc", "life", "lim", "net", "ten"]
     assert catalog.CASES == [c for m in modules.values() for c in m.CASES]
     for name, module in modules.items():
         for c in module.CASES:
@@ -187,9 +228,71 @@ def test_each_case_is_one_object_in_its_areas_module():
 
 def test_a_guest_whose_boundaries_hold_passes_every_case(facts):
     results = catalog.judge(facts)
-    assert set(results) == set(catalog.BY_ID)
+    assert set(results) == set(CIDR_CASES)
     assert not_passing(results) == {}
     assert audit.verdict_of(results)[:2] == ("passed", 0)
+
+
+def test_a_proxy_mode_guest_judges_the_egr_cases_instead_of_the_nats(proxy_facts):
+    """In proxy mode the EGR cases stand where NET-01, NET-05 and NET-07
+    (the NAT's egress and the cell's resolvers) stand on the others."""
+    results = catalog.judge(proxy_facts)
+    assert set(results) == set(PROXY_CASES)
+    assert set(CIDR_CASES) - set(PROXY_CASES) == {"NET-01", "NET-05", "NET-07"}
+    assert sorted(set(PROXY_CASES) - set(CIDR_CASES)) == ["EGR-0%d" % i for i in range(1, 7)]
+    assert not_passing(results) == {}
+    assert "through http://" in results["EGR-01"]["probe"] and "allowed in the proxy's log: 1 of 1" in \
+        results["EGR-01"]["probe"]
+
+
+# one loosened boundary of a proxy-mode guest: (where in the facts, the value, the one case that must fail)
+EGR_FAILURES = [
+    (("a", "egress", "connect", DENY), "status 200", "EGR-02"),
+    (("guest", "egress", "log", 1), _log_line("slot0", "evil.lab.test", 18771, "10.99.20.1", "TCP_DENIED/403"),
+     "EGR-02"),
+    (("a", "egress", "connect", LITERAL), "status 200", "EGR-03"),
+    (("guest", "egress", "log", 2), None, "EGR-03"),
+    (("a", "egress", "connect", INSIDE), "status 200", "EGR-04"),
+    (("a", "egress", "dns", "10.99.20.1"), "answered", "EGR-05"),
+    (("a", "egress", "dns", "10.99.20.1"), "ECONNREFUSED", "EGR-05"),
+    (("a", "resolv"), "nameserver 10.99.20.1\n", "EGR-05"),
+    (("a", "egress", "direct", "10.99.20.1:18770"), "connected: hello", "EGR-06"),
+]
+
+
+@pytest.mark.parametrize("path,value,case", EGR_FAILURES, ids=lambda x: x if isinstance(x, str) else None)
+def test_what_got_past_the_proxy_fails_exactly_its_case(proxy_facts, path, value, case):
+    _set(proxy_facts, path, value)
+    if value is None:
+        proxy_facts["guest"]["egress"]["log"] = [x for x in proxy_facts["guest"]["egress"]["log"] if x]
+    assert not_passing(catalog.judge(proxy_facts)) == {case: "fail"}
+
+
+def test_a_refused_allowed_name_fails_egr_01_and_errs_the_literal_beside_it(proxy_facts):
+    proxy_facts["a"]["egress"]["connect"][ALLOW] = "status 403"
+    results = catalog.judge(proxy_facts)
+    assert not_passing(results) == {"EGR-01": "fail", "EGR-03": "error"}
+    proxy_facts["a"]["egress"]["connect"][ALLOW] = "status 200"
+    proxy_facts["guest"]["egress"]["log"].pop(0)  # tunnelled, but the proxy wrote no line of it
+    assert not_passing(catalog.judge(proxy_facts)) == {"EGR-01": "fail"}
+
+
+@pytest.mark.parametrize("path,value,cases", [
+    (("guest", "egress", "reach", DENY), "TimeoutError", ["EGR-02"]),
+    (("guest", "egress", "reach", INSIDE), "ECONNREFUSED", ["EGR-04"]),
+    (("guest", "egress", "dns", "10.99.20.1"), "TimeoutError", ["EGR-05"]),
+    (("guest", "egress", "reach", ALLOW), "does not resolve", ["EGR-01", "EGR-06"]),
+])
+def test_an_egr_control_that_failed_is_an_error(proxy_facts, path, value, cases):
+    _set(proxy_facts, path, value)
+    assert not_passing(catalog.judge(proxy_facts)) == dict((c, "error") for c in cases)
+
+
+def test_without_the_names_the_egr_cases_skip_by_option(proxy_facts):
+    proxy_facts["a"]["egress"].update(connect={}, direct={})
+    results = catalog.judge(proxy_facts)
+    assert not_passing(results) == dict((c, "skip") for c in ("EGR-01", "EGR-02", "EGR-03", "EGR-04", "EGR-06"))
+    assert "--deny-name" in results["EGR-02"]["probe"] and "--inside-name" in results["EGR-04"]["probe"]
 
 
 def test_no_report_from_cell_a_makes_every_case_an_error(facts):
@@ -199,7 +302,7 @@ def test_no_report_from_cell_a_makes_every_case_an_error(facts):
     assert set(verdicts(results).values()) == {"error"}
     assert "exited 125" in results["FS-01"]["control"]
     verdict, code, counts = audit.verdict_of(results)
-    assert (verdict, code, counts["error"]) == ("error", audit.EXIT_ERROR, len(catalog.CASES))
+    assert (verdict, code, counts["error"]) == ("error", audit.EXIT_ERROR, len(CIDR_CASES))
 
 
 # cell A's attempts that one case's boundary must refuse: {section of cell A's report: {key: case}};
@@ -308,9 +411,9 @@ def test_a_probe_that_got_through_fails_exactly_its_case(facts, path, value, cas
 
 
 def test_every_probed_case_has_a_failure_above():
-    probed = set(entry[2] for entry in PROBE_FAILURES)
-    # ID-02 and ID-03/04 are covered below; IPC-01's failure is its own probe
-    assert set(catalog.BY_ID) - probed == {"ID-02", "ID-03", "ID-04", "IPC-01"}
+    probed = set(entry[2] for entry in PROBE_FAILURES + EGR_FAILURES)
+    # ID-02 and ID-03/04 are covered below; IPC-01's and EGR-01's failures are their own probes
+    assert set(catalog.BY_ID) - probed == {"ID-02", "ID-03", "ID-04", "IPC-01", "EGR-01"}
 
 
 def test_what_the_tenant_cases_lack_is_a_skip_by_name(facts):
@@ -473,12 +576,15 @@ def test_a_failed_control_beside_a_probe_that_got_through_is_still_an_error(fact
 
 
 @pytest.mark.parametrize("case,counter", sorted(catalog.DROP_COUNTERS.items()))
-def test_a_timeout_without_its_drop_counter_moving_is_no_drop(facts, case, counter):
+def test_a_timeout_without_its_drop_counter_moving_is_no_drop(facts, proxy_facts, case, counter):
     """A connect can time out for other reasons (a cell without a route):
     the drop must be the ruleset's, by its own counter."""
+    mode = catalog.BY_ID[case].mode or "cidr"
+    facts = proxy_facts if mode == "proxy" else facts
     del facts["guest"]["counters_moved"][counter]
     results = catalog.judge(facts)
-    assert not_passing(results) == dict((c, "fail") for c, name in catalog.DROP_COUNTERS.items() if name == counter)
+    assert not_passing(results) == dict((c, "fail") for c, name in catalog.DROP_COUNTERS.items()
+                                        if name == counter and catalog.BY_ID[c].applies(mode))
     assert "%s +0" % counter in results[case]["probe"]
 
 
@@ -527,9 +633,9 @@ def test_one_slot_and_no_destinations_skip_what_needs_them(facts):
 def test_the_report_lists_every_case_in_catalog_order_with_its_evidence(facts):
     facts["a"]["kernel"]["raw_socket"] = "ok"
     rep = audit.report(catalog.judge(facts), {"guest": "g1", "policy_sha256": "ab" * 32, "commit": "abc1234"})
-    assert [c["id"] for c in rep["cases"]] == [c.id for c in catalog.CASES]
+    assert [c["id"] for c in rep["cases"]] == CIDR_CASES
     assert rep["verdict"] == "failed" and rep["exit"] == audit.EXIT_FAILED
-    assert rep["counts"] == {"pass": len(catalog.CASES) - 1, "fail": 1, "error": 0, "skip": 0}
+    assert rep["counts"] == {"pass": len(CIDR_CASES) - 1, "fail": 1, "error": 0, "skip": 0}
     by_id = dict((c["id"], c) for c in rep["cases"])
     assert by_id["ID-10"]["probe"] == "raw_socket: ok" and by_id["ID-10"]["control"] == "dgram_socket: ok"
     md = audit.to_markdown(rep)
@@ -556,9 +662,9 @@ def test_junit_counts_and_elements(facts, tmp_path):
     assert sorted(os.listdir(str(tmp_path / "r"))) == ["audit.json", "audit.md", "audit.xml"]
     suite = ET.parse(str(tmp_path / "r" / "audit.xml")).getroot()
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == \
-        (str(len(catalog.CASES)), "1", "1", "1")
+        (str(len(CIDR_CASES)), "1", "1", "1")
     cases = suite.findall("testcase")
-    assert len(cases) == len(catalog.CASES)
+    assert len(cases) == len(CIDR_CASES)
     tags = dict((c.get("name").split()[0], [e.tag for e in c]) for c in cases)
     assert tags["ID-10"] == ["failure"] and tags["ID-11"] == ["error"] and tags["LIM-02"] == ["skipped"]
     assert tags["FS-01"] == ["system-out"]
@@ -573,7 +679,7 @@ def test_the_docs_carry_the_catalog_as_the_code_has_it():
         doc = fh.read()
     assert catalog.catalog_markdown() in doc
     for c in catalog.CASES:
-        assert "| %s | %s | %s | %s | %s |" % (c.id, c.title, c.probe, c.control, c.counter_proof()) in doc, c.id
+        assert "| %s | %s | %s | %s | %s |" % (c.id, c.label, c.probe, c.control, c.counter_proof()) in doc, c.id
     for cid, reason in counterproof.NOT_COUNTER_PROVABLE.items():
         assert "none here: %s" % reason in doc, cid
 
@@ -609,7 +715,7 @@ def test_each_loosened_policy_passes_the_launchers_policy_check_and_loosens_one_
 
 
 def test_the_ruleset_loosenings_match_cell_a_and_the_audits_destinations_only(policy, tmp_path):
-    ctx = _ctx(policy, tmp_path)
+    ctx = _ctx(dict(policy, dns_servers=["192.0.2.53"]), tmp_path, allow_name=["10.99.20.1:18770"])
     a, b = policy["slots"][0], policy["slots"][1]
     rules = dict((lo.name, lo.rules(ctx)) for lo in counterproof.LOOSENINGS if lo.rules)
     assert rules == {
@@ -621,6 +727,8 @@ def test_the_ruleset_loosenings_match_cell_a_and_the_audits_destinations_only(po
         "BRW-01": [("output", "meta skuid @door_uids ip daddr != 169.254.169.254 tcp dport 18798 accept")],
         "BRW-02": [("output", "meta skuid @door_uids ip daddr 169.254.169.254 tcp dport 18798 accept")],
         "BRW-03": [("output", "meta skuid @door_uids ip daddr %s tcp dport 18799 accept" % b["address"])],
+        "EGR-05": [("forward", 'iifname "%s" ip daddr 192.0.2.53 udp dport 53 accept' % a["host_ifname"])],
+        "EGR-06": [("forward", 'iifname "%s" ip daddr 10.99.20.1 tcp dport 18770 accept' % a["host_ifname"])],
     }
 
 
@@ -972,6 +1080,7 @@ def _counts0():
 @pytest.mark.parametrize("extra,needle", [
     (["--case", "NOPE-99"], "--case NOPE-99: no such case (chv-cell audit --list)"),
     (["--case", "FS-06", "--counter-proof"], "--counter-proof --case FS-06: not counter-provable here"),
+    (["--case", "EGR-02"], "--case EGR-02: not judged on this guest, whose egress mode is cidr"),
 ])
 def test_bad_case_arguments_are_named_and_nothing_runs(capsys, tmp_path, raw_policy, extra, needle):
     from chv_guest.cell import cli
@@ -1010,7 +1119,7 @@ def test_case_reports_the_named_cases_only_and_runs_the_lifecycle_only_for_one_o
     rep = audit.run(str(path), {"slot": None, "broker_client": "", "cases": cases, "keep": False})
     assert calls == ["probes"] + (["lifecycle"] if lifecycle_ran else [])
     ids = [c["id"] for c in rep["cases"]]
-    assert ids == ([c.id for c in catalog.CASES if c.id in cases] if cases else [c.id for c in catalog.CASES])
+    assert ids == ([c for c in CIDR_CASES if c in cases] if cases else CIDR_CASES)
     assert sum(rep["counts"].values()) == len(ids)
 
 
@@ -1019,10 +1128,11 @@ CELL_A_ALWAYS = ("uid", "pid", "uid_map", "CapEff", "CapBnd", "NoNewPrivs", "nei
 
 
 @pytest.mark.parametrize("cid", [c.id for c in catalog.CASES])
-def test_each_case_is_judged_from_the_sections_of_cell_as_report_it_names(facts, cid):
+def test_each_case_is_judged_from_the_sections_of_cell_as_report_it_names(facts, proxy_facts, cid):
     """A --case run asks cell A for the sections its cases name (Case.probes)
     only: each case's verdict from those is the verdict from the whole report."""
     case = catalog.BY_ID[cid]
+    facts = proxy_facts if case.mode == "proxy" else facts
     assert set(case.probes) <= set(audit_probe.SECTIONS)
     whole = case.verdict(copy.deepcopy(facts))
     facts["a"] = dict((k, v) for k, v in facts["a"].items() if k in CELL_A_ALWAYS + case.probes)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Collection, Dict, List, Optional
 
-from . import brw, fs, ipc, life, lim, net, ten
+from . import brw, egr, fs, ipc, life, lim, net, ten
 from . import id as id_
-from .case import Case, Result, error, skip
+from .case import Case, Result, egress_mode, error, skip  # noqa: F401 (egress_mode: the callers')
 from .facts import Facts
 from .loosen import Loosening
 
-CASES: List[Case] = fs.CASES + id_.CASES + net.CASES + ipc.CASES + brw.CASES + ten.CASES + life.CASES + lim.CASES
+CASES: List[Case] = (fs.CASES + id_.CASES + net.CASES + egr.CASES + ipc.CASES + brw.CASES + ten.CASES + life.CASES
+                     + lim.CASES)
 BY_ID: Dict[str, Case] = dict((c.id, c) for c in CASES)
 # the cases judged from the lifecycle runs (a counter-proof run, the cells only, skips them)
 LIFECYCLE_CASES = tuple(c.id for c in CASES if c.lifecycle)
@@ -41,10 +42,16 @@ def _loosenings() -> List[Loosening]:
 LOOSENINGS = _loosenings()
 
 
+def cases_for(mode: str) -> List[Case]:
+    """The cases a guest in egress ``mode`` judges (case.MODES)."""
+    return [c for c in CASES if c.applies(mode)]
+
+
 def judge(facts: Facts, only: Optional[Collection[str]] = None) -> Dict[str, Result]:
-    """Every case's verdict (or those of the cases ``only`` names) from the
-    facts of one run (the cells' reports and the guest's observations)."""
-    cases = [c for c in CASES if only is None or c.id in only]
+    """The verdict of every case of the guest's egress mode (or of those
+    ``only`` names) from the facts of one run (the cells' reports and the
+    guest's observations)."""
+    cases = [c for c in cases_for(egress_mode(facts.get("policy") or {})) if only is None or c.id in only]
     if facts.get("a") is None:
         # nothing was proven: every case is an error, the lifecycle ones too (not run)
         why = "cell A did not run: %s" % facts.get("a_error", "no report")
@@ -60,5 +67,5 @@ def catalog_markdown() -> str:
     rows = ["| id | boundary | probe (must be stopped) | control (must succeed) | counter-proof |",
             "|---|---|---|---|---|"]
     for c in CASES:
-        rows.append("| %s | %s | %s | %s | %s |" % (c.id, c.title, c.probe, c.control, c.counter_proof()))
+        rows.append("| %s | %s | %s | %s | %s |" % (c.id, c.label, c.probe, c.control, c.counter_proof()))
     return "\n".join(rows) + "\n"

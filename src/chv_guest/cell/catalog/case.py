@@ -7,7 +7,7 @@ modules (fs.py ... lim.py) define the cases; the package's registry
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple, TypedDict, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, TypedDict, Union
 
 from .facts import Facts
 from .loosen import Loosening
@@ -52,6 +52,15 @@ def missing(facts: Facts, skip_key: str, got: object, why: str) -> Optional[Resu
     return None
 
 
+# a guest's egress mode (docs/network.md): cidr, the policy's CIDRs through
+# the NAT; proxy, names only, through the egress proxy (the policy's egress_proxy)
+MODES = ("cidr", "proxy")
+
+
+def egress_mode(policy: Mapping[str, Any]) -> str:
+    return "proxy" if policy.get("egress_proxy") else "cidr"
+
+
 # judge(case, facts): the case's verdict from one run's facts
 Judge = Callable[["Case", Facts], Result]
 
@@ -77,10 +86,21 @@ class Case:
     every_slot: bool = False
     # the ruleset's counter (roles/cell_nat) that this case's drops must move
     drop_counter: Optional[str] = None
+    # the egress mode whose guests judge this case (MODES), None: every guest
+    mode: Optional[str] = None
 
     @property
     def area(self) -> str:
         return self.id.split("-")[0]
+
+    @property
+    def label(self) -> str:
+        """The title, with the egress mode of a mode's own case (the docs table)."""
+        return self.title + (" (%s mode only)" % self.mode if self.mode else "")
+
+    def applies(self, mode: str) -> bool:
+        """Whether a guest in egress ``mode`` judges this case."""
+        return self.mode is None or self.mode == mode
 
     def verdict(self, facts: Facts) -> Result:
         return self.judge(self, facts)

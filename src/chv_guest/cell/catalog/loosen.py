@@ -28,6 +28,7 @@ class Loosening:
     """One boundary loosened: ``edit(raw, ctx)`` changes a copy of the raw
     policy, ``rules(ctx)`` returns (chain, rule) pairs to insert,
     ``elements(ctx)`` (set, element) pairs to add to the table's sets,
+    ``proxy`` edits the egress proxy's configuration for the run,
     ``doors`` names the doors' test builds to start for the run ((service,
     variant) pairs, chv_guest/cell/doorbuild.py; the policy copy then takes
     cells A and B to them: through_doors);
@@ -40,6 +41,9 @@ class Loosening:
     needs: Optional[Needs] = None
     elements: Optional[Pairs] = None
     doors: Tuple[Tuple[str, str], ...] = ()
+    # proxy mode: proxy(conf, ctx), the egress proxy's configuration for the run (counterproof.py
+    # writes it, reconfigures squid and puts the original back after the run)
+    proxy: Optional[Callable[[str, Context], str]] = None
     name: str = ""
     cases: Tuple[str, ...] = ()
 

@@ -101,7 +101,8 @@ def _net07(case: Case, facts: Facts) -> Result:
 CASES = [
     Case("NET-01", ("tcp",), "Egress through the NAT works",
          "connect to each --allow destination from the cell",
-         "the guest connects to it", _net01, "a positive case: its counter-proof is every NET case beside it"),
+         "the guest connects to it", _net01, "a positive case: its counter-proof is every NET case beside it",
+         mode="cidr"),
     Case("NET-02", ("tcp",), "Another cell is unreachable",
          "connect from cell A to cell B's listener: no answer, and drop_cell_to_cell moves",
          "cell B reaches its own listener", _net02,
@@ -134,7 +135,7 @@ CASES = [
                    rules=lambda ctx: [("forward", 'iifname "%s" ip daddr %s accept' % (a_if(ctx), host))
                                       for host in sorted(set(t.rsplit(":", 1)[0] for t in ctx["opts"]["deny"]))],
                    needs=unless("run without --deny HOST:PORT", lambda ctx: ctx["opts"]["deny"])),
-         drop_counter="drop_denied"),
+         drop_counter="drop_denied", mode="cidr"),
     # its control, the gateway's ARP entry, is there once cell A's IPv4 connects (tcp) went out
     Case("NET-06", ("tcp6", "tcp"), "IPv6 is unreachable",
          "connect over IPv6 to the guest's global addresses and to 2001:db8::1 (no route leaves the cell)",
@@ -142,5 +143,6 @@ CASES = [
          "the launcher gives cells no IPv6 address or route, and the ruleset drops IPv6 from cells: two layers"),
     Case("NET-07", (), "The cell's resolvers are real ones, not the guest's 127.0.0.53 stub",
          "no 127.0.0.53 in the cell's /etc/resolv.conf",
-         "the file names at least one resolver", _net07, "the policy check refuses a loopback resolver in dns_servers"),
+         "the file names at least one resolver", _net07, "the policy check refuses a loopback resolver in dns_servers",
+         mode="cidr"),
 ]

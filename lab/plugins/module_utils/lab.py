@@ -96,10 +96,29 @@ def guest_specs(lab_name, count=None, names=None):
     return [{"name": n, "distro": None, "ifname": None} for n in result]
 
 
-def plan(lab_name, distro, network, count=None, names=None):
+DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def resolver_names(names):
+    """lab_resolver_names checked: {DNS name (lowercase, at least two labels): IPv4 address}, sorted."""
+    if not isinstance(names, dict):
+        raise LabError("lab_resolver_names must be a mapping of DNS names to IPv4 addresses, got %r" % (names,))
+    out = {}
+    for name, addr in names.items():
+        if not isinstance(name, str) or not DNS_NAME_RE.match(name):
+            raise LabError("lab_resolver_names: %r is not a DNS name (lowercase labels, at least two)" % (name,))
+        try:
+            out[name] = str(ipaddress.IPv4Address(str(addr)))
+        except ValueError:
+            raise LabError("lab_resolver_names: %s maps to %r, not an IPv4 address" % (name, addr))
+    return dict(sorted(out.items()))
+
+
+def plan(lab_name, distro, network, count=None, names=None, resolver=None):
     """Validate the parameters and return the lab plan: one /30 per guest,
     each guest with its distro (the lab's unless its entry names one) and
-    the guest-side name of its interface (host0 unless its entry names one)."""
+    the guest-side name of its interface (host0 unless its entry names one),
+    and the resolver stand-in's names (resolver_names)."""
     if distro not in DISTROS:
         raise LabError("lab_distro %r is not supported; choose one of %s" % (distro, ", ".join(sorted(DISTROS))))
     try:
@@ -121,7 +140,7 @@ def plan(lab_name, distro, network, count=None, names=None):
             "host_address": str(hosts[0]), "address": str(hosts[1]), "prefixlen": 30,
         })
     return {"lab": lab_name, "network": str(net), "distro": distro, "guests": result,
-            "distros": sorted(set(g["distro"] for g in result))}
+            "distros": sorted(set(g["distro"] for g in result)), "resolver_names": resolver_names(resolver or {})}
 
 
 def overlapping_routes(network, routes, own_ifnames):

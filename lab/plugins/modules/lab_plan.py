@@ -55,6 +55,12 @@ options:
     description: Whether to check I(network) against the lab host's routes.
     type: bool
     default: true
+  resolver_names:
+    description:
+      - The names the lab's resolver stand-in answers (DNS name to IPv4 address); fails naming a bad
+        name or address.
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
@@ -91,6 +97,10 @@ distros:
   returned: always
   type: list
   elements: str
+resolver_names:
+  description: The resolver stand-in's names, checked and sorted.
+  returned: always
+  type: dict
 """
 
 import json
@@ -110,6 +120,7 @@ def main():
             network=dict(type="str", required=True),
             lab_dir=dict(type="path"),
             check_routes=dict(type="bool", default=True),
+            resolver_names=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
@@ -118,7 +129,8 @@ def main():
     if isinstance(count, str) and count.strip().isdigit():
         count = int(count)
     try:
-        result = lab.plan(p["lab_name"], p["distro"], p["network"], count=count, names=p["guests"])
+        result = lab.plan(p["lab_name"], p["distro"], p["network"], count=count, names=p["guests"],
+                          resolver=p["resolver_names"])
     except lab.LabError as exc:
         module.fail_json(msg=str(exc))
     if not p["check_routes"]:

@@ -656,7 +656,10 @@ def _egress_request(pol: policymod.Policy, opts: Facts, guest_port: int, g: Fact
                 direct["%s:%d" % (addr, port)] = [addr, port]
                 connect.setdefault("literal:%s:%d" % (addr, port), [addr, port])
     for name in opts.get("inside_name") or []:
-        connect["inside:%s:%d" % (name, guest_port)] = [name, guest_port]
+        key = "inside:%s:%d" % (name, guest_port)
+        connect[key] = [name, guest_port]
+        addr = e["resolved"][name] = _resolve(name)
+        e["reach"][key] = probe.connect(addr, guest_port) if addr else "does not resolve"
     names = [healthmod.parse_target(t)[0] for t in opts.get("allow_name") or []]
     qname = names[0] if names else "chv-audit.invalid"
     try:

@@ -234,11 +234,12 @@ def test_a_guest_whose_boundaries_hold_passes_every_case(facts):
 
 
 def test_a_proxy_mode_guest_judges_the_egr_cases_instead_of_the_nats(proxy_facts):
-    """In proxy mode the EGR cases stand where NET-01, NET-05 and NET-07
-    (the NAT's egress and the cell's resolvers) stand on the others."""
+    """In proxy mode the EGR cases stand where NET-01, NET-05, NET-07 and
+    TEN-06 (the NAT's egress, the cell's resolvers, the special ranges'
+    drop) stand on the others."""
     results = catalog.judge(proxy_facts)
     assert set(results) == set(PROXY_CASES)
-    assert set(CIDR_CASES) - set(PROXY_CASES) == {"NET-01", "NET-05", "NET-07"}
+    assert set(CIDR_CASES) - set(PROXY_CASES) == {"NET-01", "NET-05", "NET-07", "TEN-06"}
     assert sorted(set(PROXY_CASES) - set(CIDR_CASES)) == ["EGR-0%d" % i for i in range(1, 7)]
     assert not_passing(results) == {}
     assert "through http://" in results["EGR-01"]["probe"] and "allowed in the proxy's log: 1 of 1" in \
@@ -286,6 +287,43 @@ def test_a_refused_allowed_name_fails_egr_01_and_errs_the_literal_beside_it(prox
 def test_an_egr_control_that_failed_is_an_error(proxy_facts, path, value, cases):
     _set(proxy_facts, path, value)
     assert not_passing(catalog.judge(proxy_facts)) == dict((c, "error") for c in cases)
+
+
+def _proxy_refusal(facts, count):
+    """chv-browser's opens of the denied targets answered by the proxy's 403
+    page, and ``count`` denied lines of the doors (from cell A's gateway)."""
+    page = {"title": "ERROR: The requested URL could not be retrieved", "url": "http://10.99.20.2:18798/",
+            "status": 403, "truncated": False, "aria_snapshot": '- heading "ERROR"'}
+    for key in facts["a"]["browser"]["denied"]:
+        facts["a"]["browser"]["denied"][key] = {"rc": 0, "err": "", "out": json.dumps({"ok": True, "result": page})}
+    line = _log_line(facts["slot_a"]["name"], "10.99.20.2", 18798, "-", "TCP_DENIED/403")
+    facts["guest"]["egress"]["log"] += [dict(line, src=facts["slot_a"]["gateway"])] * count
+    for name in ("drop_door_to_guest", "drop_door_to_cell"):
+        facts["guest"]["counters_moved"].pop(name)
+
+
+def test_in_proxy_mode_the_proxys_refusal_of_a_door_is_a_refusal(proxy_facts):
+    """The doors go through the proxy: its 403 for each denied open, each
+    with its denied line, holds BRW-01 to BRW-03 without the kernel's drop
+    counters; a 403 without its line, or a page that opened, does not."""
+    _proxy_refusal(proxy_facts, len(proxy_facts["a"]["browser"]["denied"]))
+    results = catalog.judge(proxy_facts)
+    assert not_passing(results) == {}
+    assert "refused by the proxy: 403" in results["BRW-01"]["probe"]
+    proxy_facts["guest"]["egress"]["log"].pop()
+    assert not_passing(catalog.judge(proxy_facts)) == {"BRW-01": "fail", "BRW-02": "fail", "BRW-03": "fail"}
+    _proxy_refusal(proxy_facts, 1)
+    opened = {"rc": 0, "err": "", "out": json.dumps({"ok": True, "result": {"status": 200, "aria_snapshot": "x"}})}
+    proxy_facts["a"]["browser"]["denied"]["metadata"] = opened
+    assert not_passing(catalog.judge(proxy_facts)) == {"BRW-02": "fail"}
+
+
+def test_the_door_loosenings_do_not_apply_in_proxy_mode(policy):
+    ctx = {"pol": dict(policy, egress_proxy={"port": 3128}), "slot_a": policy["slots"][0],
+           "slot_b": policy["slots"][1], "opts": {"allow_url": "http://a.test/", "metadata_stand_in": True}}
+    for cid in ("BRW-01", "BRW-02", "BRW-03"):
+        assert catalog.BY_ID[cid].loosening.needs(ctx).startswith("proxy mode: the egress proxy refuses"), cid
+        assert catalog.BY_ID[cid].loosening.needs(dict(ctx, pol=policy)) is None, cid
 
 
 def test_without_the_names_the_egr_cases_skip_by_option(proxy_facts):

@@ -86,8 +86,8 @@ def test_the_guest_side_asks_each_name_its_literal_and_the_resolvers(monkeypatch
     """--allow-name, --deny-name and --inside-name: the CONNECTs cell A makes,
     the direct connection past the proxy, the resolvers it queries, and the
     guest's own connections and queries beside them (the controls)."""
-    monkeypatch.setattr(audit, "_resolve", lambda name: {"api.lab.test": "10.99.20.1",
-                                                         "evil.lab.test": "10.99.20.9"}.get(name, ""))
+    monkeypatch.setattr(audit, "_resolve", lambda name: {"api.lab.test": "10.99.20.1", "evil.lab.test": "10.99.20.9",
+                                                         "guest.lab.test": "127.0.0.1"}.get(name, ""))
     monkeypatch.setattr(audit.probe, "connect", lambda host, port: "connected: %s:%d" % (host, port))
     monkeypatch.setattr(audit.probe, "dns_query", lambda server, name: "answered %s %s" % (server, name))
     g = {}
@@ -103,7 +103,8 @@ def test_the_guest_side_asks_each_name_its_literal_and_the_resolvers(monkeypatch
                    "dns": ["192.0.2.53"], "qname": "api.lab.test"}
     assert g["egress"]["reach"] == {"allow:api.lab.test:18770": "connected: 10.99.20.1:18770",
                                     "deny:evil.lab.test:18771": "connected: 10.99.20.9:18771",
-                                    "deny:gone.lab.test:80": "does not resolve"}
+                                    "deny:gone.lab.test:80": "does not resolve",
+                                    "inside:guest.lab.test:18798": "connected: 127.0.0.1:18798"}
     assert g["egress"]["dns"] == {"192.0.2.53": "answered 192.0.2.53 api.lab.test"}
 
 

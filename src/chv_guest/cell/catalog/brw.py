@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .. import audit_probe as probe
-from .case import Case, Judge, Result, pair, skip
+from .case import Case, Judge, Result, egress_mode, pair, skip
 from .facts import METADATA, NO_BROWSER, NO_BROWSER_OP, RAW_MARKER, SNAPSHOT_KEYS, Facts, answer, result_of
-from .loosen import Loosening, unless
+from .loosen import Loosening, in_cidr_mode, unless
 
 
 @dataclass
@@ -24,14 +24,37 @@ class Door:
     ctl_ev: str
     moved: Dict[str, int]
     arrivals: List[Dict[str, str]]  # at the guest's listener, but cell A's own (NET's)
+    # proxy mode: the proxy's denied lines of the doors acting for cell A (from its gateway); None otherwise
+    proxy_denied: Optional[int] = None
+
+    def _by_proxy(self, reply: Dict[str, Any]) -> bool:
+        """Proxy mode: the open came back as the proxy's refusal (its 403 page)."""
+        return self.proxy_denied is not None and reply.get("ok") is True and \
+            (reply.get("result") or {}).get("status") == 403
 
     def refused(self, keys: List[str]) -> Tuple[bool, str]:
-        """Whether chv-browser refused every open of ``keys``, and the replies."""
+        """Whether chv-browser refused every open of ``keys`` (in proxy mode:
+        or got the proxy's 403 for it, each with its denied line in the
+        proxy's log), and the replies."""
         replies = dict((key, answer(self.denied[key]) or {}) for key in keys)
-        ok = bool(keys) and all(r.get("ok") is False for r in replies.values())
-        return ok, ", ".join("%s: %s" % (key.split(":", 1)[-1], "refused: %s" % str(r.get("error", ""))[:60]
-                                         if r.get("ok") is False else "OPENED" if r.get("ok") else "no reply")
-                             for key, r in sorted(replies.items()))
+        by_proxy = [key for key, r in replies.items() if self._by_proxy(r)]
+        # each of the proxy's 403s of the run (every case's opens) has its denied line
+        all_by_proxy = len([r for r in self.denied.values() if self._by_proxy(answer(r) or {})])
+        ok = bool(keys) and all(r.get("ok") is False or key in by_proxy for key, r in replies.items()) and \
+            all_by_proxy <= (self.proxy_denied or 0)
+        text = ", ".join("%s: %s" % (key.split(":", 1)[-1], "refused: %s" % str(r.get("error", ""))[:60]
+                                     if r.get("ok") is False else "refused by the proxy: 403" if key in by_proxy
+                                     else "OPENED" if r.get("ok") else "no reply")
+                         for key, r in sorted(replies.items()))
+        if self.proxy_denied is not None:
+            text += "; the doors' denied lines in the proxy's log: %d for %d 403s" % (self.proxy_denied, all_by_proxy)
+        return ok, text
+
+    def dropped(self, counter: str) -> Tuple[bool, str]:
+        """The kernel's drop of the doors' connections: its counter moved; in
+        proxy mode the proxy refuses them first (its log lines are the evidence)."""
+        n = self.moved.get(counter, 0)
+        return self.proxy_denied is not None or n > 0, "%s +%d" % (counter, n)
 
 
 def door(facts: Facts) -> Union[Door, Result]:
@@ -49,8 +72,13 @@ def door(facts: Facts) -> Union[Door, Result]:
                                    if ctl_ok else (br["allowed"]["out"] or br["allowed"]["err"])[-200:])
     g = facts["guest"]
     cell_a = facts["slot_a"]["address"]
+    proxy_denied = None
+    if egress_mode(facts.get("policy") or {}) == "proxy":
+        gateway = facts["slot_a"]["gateway"]
+        proxy_denied = len([line for line in (g.get("egress") or {}).get("log", [])
+                            if line["src"] == gateway and line["verdict"] == "denied"])
     return Door(br["denied"], result, snapshot, ctl_ok, ctl_ev, g.get("counters_moved") or {},
-                [s for s in g.get("listener_seen", []) if s["peer"] != cell_a])
+                [s for s in g.get("listener_seen", []) if s["peer"] != cell_a], proxy_denied)
 
 
 def _judge_door(judge: Callable[[Case, Facts, Door], Result]) -> Judge:
@@ -65,9 +93,9 @@ def _judge_door(judge: Callable[[Case, Facts, Door], Result]) -> Judge:
 def _brw01(case: Case, facts: Facts, d: Door) -> Result:
     ok, ev = d.refused([key for key in d.denied if key.startswith("guest:")])
     arrived = [s["local"] for s in d.arrivals if s["local"] != METADATA]
-    counter = case.drop_counter or ""
-    return pair(ok and not arrived and d.moved.get(counter, 0) > 0, "%s; reached the listener: %s; %s +%d"
-                % (ev, ", ".join(arrived) or "nothing", counter, d.moved.get(counter, 0)), d.ctl_ok, d.ctl_ev)
+    held, moved = d.dropped(case.drop_counter or "")
+    return pair(ok and not arrived and held, "%s; reached the listener: %s; %s"
+                % (ev, ", ".join(arrived) or "nothing", moved), d.ctl_ok, d.ctl_ev)
 
 
 @_judge_door
@@ -88,9 +116,9 @@ def _brw03(case: Case, facts: Facts, d: Door) -> Result:
     if reached is not None:
         reached = [peer for peer in reached if peer != facts["slot_a"]["address"]]  # cell A's own is NET-02's
     b_ok = (facts.get("b") or {}).get("self", "").startswith("connected")
-    counter = case.drop_counter or ""
-    return pair(ok and reached == [] and d.moved.get(counter, 0) > 0, "%s; reached cell B: %s; %s +%d"
-                % (ev, "unknown" if reached is None else len(reached), counter, d.moved.get(counter, 0)),
+    held, moved = d.dropped(case.drop_counter or "")
+    return pair(ok and reached == [] and held, "%s; reached cell B: %s; %s"
+                % (ev, "unknown" if reached is None else len(reached), moved),
                 d.ctl_ok and b_ok, "%s; cell B to itself: %s" % (d.ctl_ev, b_ok))
 
 
@@ -102,6 +130,11 @@ def _brw04(case: Case, facts: Facts, d: Door) -> Result:
                 % (", ".join(sorted(d.result)) or "none", "yes" if raw else "no"),
                 d.ctl_ok and "chv-audit" in d.snapshot,
                 "%s; heading chv-audit in the snapshot: %s" % (d.ctl_ev, "chv-audit" in d.snapshot))
+
+
+# BRW-01 to BRW-03 on a proxy-mode guest: the doors go through the proxy, which refuses those addresses
+PROXY_FIRST = ("proxy mode: the egress proxy refuses the doors' opens of the guest's, link-local and cells' "
+               "addresses before the kernel would (two layers; EGR-02 counter-proves the proxy's list)")
 
 
 def _door_rule(daddr: str) -> str:
@@ -118,23 +151,25 @@ CASES = [
                    % probe.GUEST_PORT,
                    rules=lambda ctx: [("output", "%s tcp dport %d accept"
                                        % (_door_rule("!= " + METADATA), probe.GUEST_PORT))],
-                   needs=unless("run without --allow-url", lambda ctx: ctx["opts"].get("allow_url"))),
+                   needs=in_cidr_mode(PROXY_FIRST, unless("run without --allow-url",
+                                                          lambda ctx: ctx["opts"].get("allow_url")))),
          drop_counter="drop_door_to_guest"),
     Case("BRW-02", ("browser",), "chv-browser does not reach the metadata stand-in for a cell",
          "open 169.254.169.254 (the stand-in on the guest's loopback): refused, nothing reaches the listener",
          "the allowed page's snapshot", _brw02,
          Loosening("accept chv-browser to the metadata stand-in at the top of the output chain",
                    rules=lambda ctx: [("output", "%s tcp dport %d accept" % (_door_rule(METADATA), probe.GUEST_PORT))],
-                   needs=unless("run without --allow-url or --metadata-stand-in",
-                                lambda ctx: ctx["opts"].get("allow_url") and ctx["opts"]["metadata_stand_in"]))),
+                   needs=in_cidr_mode(PROXY_FIRST, unless(
+                       "run without --allow-url or --metadata-stand-in",
+                       lambda ctx: ctx["opts"].get("allow_url") and ctx["opts"]["metadata_stand_in"])))),
     Case("BRW-03", ("browser",), "chv-browser does not reach another cell for a cell",
          "open cell B's listener: refused, nothing reaches it, and drop_door_to_cell moves",
          "the allowed page's snapshot; cell B reaches its own listener", _brw03,
          Loosening("accept chv-browser to cell B's listener at the top of the output chain",
                    rules=lambda ctx: [("output", "%s tcp dport %d accept"
                                        % (_door_rule(ctx["slot_b"]["address"]), probe.LISTENER_PORT))],
-                   needs=unless("run without --allow-url, or the policy has one slot",
-                                lambda ctx: ctx["opts"].get("allow_url") and ctx["slot_b"])),
+                   needs=in_cidr_mode(PROXY_FIRST, unless("run without --allow-url, or the policy has one slot",
+                                                          lambda ctx: ctx["opts"].get("allow_url") and ctx["slot_b"]))),
          drop_counter="drop_door_to_cell"),
     Case("BRW-04", ("browser",), "chv-browser returns snapshots only",
          "the reply to the allowed page carries no key but %s and none of the page's raw HTML (a comment and a "

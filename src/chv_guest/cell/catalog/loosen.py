@@ -89,6 +89,12 @@ def unless(reason: str, test: Callable[[Context], object]) -> Needs:
     return lambda ctx: None if test(ctx) else reason
 
 
+def in_cidr_mode(reason: str, needs: Needs) -> Needs:
+    """A needs() that a proxy-mode guest does not meet (``reason``); on
+    the others, ``needs``."""
+    return lambda ctx: reason if ctx["pol"].get("egress_proxy") else needs(ctx)
+
+
 def a_if(ctx: Context) -> str:
     """Cell A's host-side interface, which the ruleset loosenings match."""
     ifname: str = ctx["slot_a"]["host_ifname"]

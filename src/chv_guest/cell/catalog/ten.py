@@ -240,7 +240,7 @@ CASES = [
          Loosening("the --special stand-in (a /32) as an element of the carve-out set carve_nets",
                    elements=lambda ctx: [("carve_nets", ctx["opts"]["special"].rsplit(":", 1)[0])],
                    needs=unless("run without --special HOST:PORT", lambda ctx: ctx["opts"].get("special"))),
-         drop_counter="drop_special_range"),
+         drop_counter="drop_special_range", mode="cidr"),
     Case("TEN-07", (), "The launcher's verdict cannot be forged by the payload",
          "a payload prints a busy launcher's words, writes to the --status-fd number and exits 75: the "
          "status record says it ran, exit 75, and the payload's write failed",

@@ -299,7 +299,7 @@ def _proxy_refusal(facts, count):
     line = _log_line(facts["slot_a"]["name"], "10.99.20.2", 18798, "-", "TCP_DENIED/403")
     facts["guest"]["egress"]["log"] += [dict(line, src=facts["slot_a"]["gateway"])] * count
     for name in ("drop_door_to_guest", "drop_door_to_cell"):
-        facts["guest"]["counters_moved"].pop(name)
+        facts["guest"]["counters_moved"].pop(name, None)
 
 
 def test_in_proxy_mode_the_proxys_refusal_of_a_door_is_a_refusal(proxy_facts):

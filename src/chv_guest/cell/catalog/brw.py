@@ -24,18 +24,21 @@ class Door:
     ctl_ev: str
     moved: Dict[str, int]
     arrivals: List[Dict[str, str]]  # at the guest's listener, but cell A's own (NET's)
-    # proxy mode: the proxy's denied lines of the doors acting for cell A (from its gateway); None otherwise
+    # proxy mode: the proxy's denied and failed lines of the doors acting for cell A (from its gateway);
+    # None otherwise
     proxy_denied: Optional[int] = None
 
     def _by_proxy(self, reply: Dict[str, Any]) -> bool:
-        """Proxy mode: the open came back as the proxy's refusal (its 403 page)."""
-        return self.proxy_denied is not None and reply.get("ok") is True and \
-            (reply.get("result") or {}).get("status") == 403
+        """Proxy mode: the open came back as the proxy's error page: its 403
+        (the list refused it) or its 5xx (the kernel refused the proxy's own
+        connection). The audit's listeners never answer with an error."""
+        status = (reply.get("result") or {}).get("status")
+        return self.proxy_denied is not None and reply.get("ok") is True and isinstance(status, int) and status >= 400
 
     def refused(self, keys: List[str]) -> Tuple[bool, str]:
         """Whether chv-browser refused every open of ``keys`` (in proxy mode:
-        or got the proxy's 403 for it, each with its denied line in the
-        proxy's log), and the replies."""
+        or got the proxy's error page for it, each with its denied or failed
+        line in the proxy's log), and the replies."""
         replies = dict((key, answer(self.denied[key]) or {}) for key in keys)
         by_proxy = [key for key, r in replies.items() if self._by_proxy(r)]
         # each of the proxy's 403s of the run (every case's opens) has its denied line
@@ -43,11 +46,12 @@ class Door:
         ok = bool(keys) and all(r.get("ok") is False or key in by_proxy for key, r in replies.items()) and \
             all_by_proxy <= (self.proxy_denied or 0)
         text = ", ".join("%s: %s" % (key.split(":", 1)[-1], "refused: %s" % str(r.get("error", ""))[:60]
-                                     if r.get("ok") is False else "refused by the proxy: 403" if key in by_proxy
+                                     if r.get("ok") is False else "refused by the proxy: %s" % (r.get("result") or {}).get("status") if key in by_proxy
                                      else "OPENED" if r.get("ok") else "no reply")
                          for key, r in sorted(replies.items()))
         if self.proxy_denied is not None:
-            text += "; the doors' denied lines in the proxy's log: %d for %d 403s" % (self.proxy_denied, all_by_proxy)
+            text += "; the doors' denied or failed lines in the proxy's log: %d for %d error pages" % (
+                self.proxy_denied, all_by_proxy)
         return ok, text
 
     def dropped(self, counter: str) -> Tuple[bool, str]:
@@ -76,7 +80,7 @@ def door(facts: Facts) -> Union[Door, Result]:
     if egress_mode(facts.get("policy") or {}) == "proxy":
         gateway = facts["slot_a"]["gateway"]
         proxy_denied = len([line for line in (g.get("egress") or {}).get("log", [])
-                            if line["src"] == gateway and line["verdict"] == "denied"])
+                            if line["src"] == gateway and line["verdict"] in ("denied", "failed")])
     return Door(br["denied"], result, snapshot, ctl_ok, ctl_ev, g.get("counters_moved") or {},
                 [s for s in g.get("listener_seen", []) if s["peer"] != cell_a], proxy_denied)
 

@@ -93,7 +93,7 @@ def test_a_generated_name_too_long_is_refused():
 
 def test_plan_gives_each_guest_a_30_of_its_own():
     p = lab.plan("demo", "bookworm", "10.99.0.0/24", count=2)
-    assert p == {"lab": "demo", "network": "10.99.0.0/24", "distro": "bookworm", "distros": ["bookworm"], "guests": [
+    assert p == {"lab": "demo", "network": "10.99.0.0/24", "distro": "bookworm", "distros": ["bookworm"], "resolver_names": {}, "guests": [
         {"name": "demo1", "distro": "bookworm", "ifname": "host0", "link": "10.99.0.0/30", "host_ifname": "ve-demo1",
          "host_address": "10.99.0.1", "address": "10.99.0.2", "prefixlen": 30},
         {"name": "demo2", "distro": "bookworm", "ifname": "host0", "link": "10.99.0.4/30", "host_ifname": "ve-demo2",
@@ -281,3 +281,21 @@ def test_image_key_changes_with_what_goes_into_the_image():
     assert lab.image_key("bookworm", ["sudo", "curl"], ["deb http://m/ bookworm main"]) != base
     assert lab.image_key("bookworm", ["sudo"], ["deb http://n/ bookworm main"]) != base
     assert lab.image_key("bookworm", ["sudo"], ["deb http://m/ bookworm main", "x"]) != base
+
+
+def test_the_resolver_stand_ins_names_are_checked_and_sorted():
+    assert lab.resolver_names({"b.chv-lab.test": "10.99.0.1", "a.chv-lab.test": "127.0.0.1"}) == \
+        {"a.chv-lab.test": "127.0.0.1", "b.chv-lab.test": "10.99.0.1"}
+    assert lab.plan("demo", "bookworm", "10.99.0.0/30", count=1)["resolver_names"] == {}
+
+
+@pytest.mark.parametrize("names, message", [
+    (["a.test"], "lab_resolver_names must be a mapping of DNS names to IPv4 addresses"),
+    ({"Upper.test": "10.0.0.1"}, r"lab_resolver_names: 'Upper.test' is not a DNS name"),
+    ({"single": "10.0.0.1"}, r"lab_resolver_names: 'single' is not a DNS name"),
+    ({"a.test": "fe80::1"}, r"lab_resolver_names: a.test maps to 'fe80::1', not an IPv4 address"),
+    ({"a.test": "a.test"}, r"lab_resolver_names: a.test maps to 'a.test', not an IPv4 address"),
+])
+def test_bad_resolver_names_are_refused_naming_the_value(names, message):
+    with pytest.raises(LabError, match=message):
+        lab.resolver_names(names)

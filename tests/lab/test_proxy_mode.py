@@ -1,0 +1,119 @@
+"""Egress by name on real guests (issue 33, docs/network.md "Egress by
+name"): a lab of a bookworm and a trixie guest (baked images; squid comes
+from the Debian mirror, lab_egress) with the lab's resolver stand-in, both
+converged by site.yml in proxy mode. On each, chv-cell audit judges the
+catalog with the EGR cases (and the doors through the proxy); on trixie the
+EGR counter-proofs (the proxy's list widened for one slot, the kernel's
+DNS and direct drops loosened) fail exactly their cases. The names resolve
+only at the stand-in, to the lab host's listeners; nothing leaves the lab."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from chv_guest.cell import audit
+from test_lab import playbook
+from testpaths import ROOT
+
+LAB = "lproxy"
+NETWORK = "10.99.38.0/28"
+HOST = "10.99.38.1"          # the lab host, bookworm guest's side: the listeners
+GUESTS = {"lproxy1": ("bookworm", "10.99.38.2", "10.99.38.1"), "lproxy2": ("trixie", "10.99.38.6", "10.99.38.5")}
+ALLOW_PORT, DENY_PORT = 18770, 18771
+NAMES = {"allowed.chv-lab.test": HOST, "denied.chv-lab.test": HOST, "inside.chv-lab.test": "127.0.0.1"}
+LAB_VARS = ["lab_name=" + LAB, "lab_network=" + NETWORK, json.dumps({
+    "lab_guests": [{"name": n, "distro": d} for n, (d, _a, _h) in sorted(GUESTS.items())],
+    "lab_egress": True, "lab_resolver_names": NAMES})]
+SITE_VARS = {"chv_cell_egress_mode": "proxy",
+             "cell_nat_egress_names": [{"name": "allowed.chv-lab.test", "port": ALLOW_PORT},
+                                       {"name": "inside.chv-lab.test", "port": 18798}],
+             # the lab host by both guests' links (the plain layer replaces the inventory's per-guest one)
+             "cell_nat_egress_allow": [{"cidr": h + "/32", "comment": "the lab host"} for _d, _a, h in GUESTS.values()]}
+DIR = "/var/lib/chv-fleet-lab/" + LAB
+AUDIT = ("chv-cell audit --json --runs 3 --metadata-stand-in --allow-name allowed.chv-lab.test:%d "
+         "--deny-name denied.chv-lab.test:%d --inside-name inside.chv-lab.test "
+         "--allow-url http://allowed.chv-lab.test:%d/" % (ALLOW_PORT, DENY_PORT, ALLOW_PORT))
+
+
+def ssh(address, command, timeout=900):
+    return subprocess.run(["ssh", "-i", DIR + "/id_ed25519", "-o", "StrictHostKeyChecking=no", "-o",
+                           "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@" + address, command],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def proxy_lab(tmp_path_factory):
+    """The lab up and converged in proxy mode; down afterwards."""
+    playbook("lab_down.yml", *LAB_VARS)
+    rc, dummy, out = playbook("lab_up.yml", *LAB_VARS)
+    assert rc == 0, out[-3000:]
+    extra = tmp_path_factory.mktemp("proxy") / "vars.json"
+    extra.write_text(json.dumps(SITE_VARS))
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    site = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "site.yml", "-i", DIR + "/inventory.yml", "-e", "@%s" % extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    try:
+        assert site.returncode == 0, site.stdout[-4000:]
+        yield site.stdout
+    finally:
+        playbook("lab_down.yml", *LAB_VARS)
+
+
+def _audit(address, extra=""):
+    """The audit's JSON report on one guest, with the listeners up, and what reached the denied one."""
+    with audit.Listener(HOST, ALLOW_PORT), audit.Listener(HOST, DENY_PORT) as deny:
+        p = ssh(address, AUDIT + extra)
+        seen = [s["peer"] for s in deny.seen]
+    try:
+        return json.loads(p.stdout), seen
+    except ValueError:
+        raise AssertionError("no report from %s: %s %s" % (address, p.stdout[-2000:], p.stderr[-2000:]))
+
+
+def test_a_proxy_mode_guest_passes_the_egr_cases_and_the_doors_through_the_proxy(proxy_lab):
+    """Each guest: every case of proxy mode passes beside its control, the
+    EGR ones among them (the allowed name tunnelled and logged; the denied
+    name, the IP literal and the name of the guest's loopback refused and
+    logged; DNS and a direct connection dropped), and the browser door's
+    refusals are the proxy's. The denied name's listener sees the guest's
+    own control connection only: nothing of the cell's attempt reached it."""
+    reports = {}
+
+    def one(name, address):
+        reports[name] = _audit(address)
+    threads = [threading.Thread(target=one, args=(n, a)) for n, (_d, a, _h) in GUESTS.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    for name, (distro, address, _h) in GUESTS.items():
+        rep, seen = reports[name]
+        cases = dict((c["id"], c) for c in rep["cases"])
+        assert rep["header"]["egress_mode"] == "proxy" and distro in rep["header"]["os"].lower(), rep["header"]
+        assert rep["verdict"] == "passed", [c for c in rep["cases"] if c["verdict"] not in ("pass", "skip")]
+        assert sorted(c for c in cases if c.startswith("EGR")) == ["EGR-0%d" % i for i in range(1, 7)]
+        assert not [c for c in cases if c in ("NET-01", "NET-05", "NET-07", "TEN-06")]
+        assert all(cases["EGR-0%d" % i]["verdict"] == "pass" for i in range(1, 7)), cases
+        assert "refused by the proxy" in cases["BRW-01"]["probe"], cases["BRW-01"]
+        # skipped here: every slot at once (the audit runs without --exclusive) and the pids controller
+        assert sorted(c for c in cases if cases[c]["verdict"] == "skip") == ["LIFE-03", "LIM-02"]
+        assert seen == [address], seen
+
+
+def test_the_egr_counter_proofs_fail_exactly_their_cases(proxy_lab):
+    """trixie: widening the proxy's list for cell A's slot fails EGR-02 and
+    EGR-03 only; accepting the cell's DNS fails EGR-05 only, its direct
+    connection EGR-06 only; the runs before and after pass, and the proxy
+    is back on its own configuration."""
+    address = GUESTS["lproxy2"][1]
+    rep, dummy = _audit(address, " --counter-proof --case EGR-02 --case EGR-05 --case EGR-06")
+    got = dict((r["name"], (r["verdict"], r["failed"])) for r in rep["loosenings"])
+    assert got == {"EGR-02": ("proven", ["EGR-02", "EGR-03"]), "EGR-05": ("proven", ["EGR-05"]),
+                   "EGR-06": ("proven", ["EGR-06"])}, rep["loosenings"]
+    assert rep["verdict"] == "proven", rep
+    conf = ssh(address, "ls /etc/chv-fleet/egress-proxy/").stdout
+    assert "chv-audit-orig" not in conf, conf

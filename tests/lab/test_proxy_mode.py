@@ -63,15 +63,25 @@ def proxy_lab(tmp_path_factory):
         playbook("lab_down.yml", *LAB_VARS)
 
 
-def _audit(address, extra=""):
-    """The audit's JSON report on one guest, with the listeners up, and what reached the denied one."""
+def _audits(addresses, extra=""):
+    """The audit's JSON report of each guest (run at once, the lab host's
+    listeners up), and the peers that reached the denied name's listener."""
+    out = {}
     with audit.Listener(HOST, ALLOW_PORT), audit.Listener(HOST, DENY_PORT) as deny:
-        p = ssh(address, AUDIT + extra)
+        threads = [threading.Thread(target=lambda a=a: out.update({a: ssh(a, AUDIT + extra)})) for a in addresses]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(900)
         seen = [s["peer"] for s in deny.seen]
-    try:
-        return json.loads(p.stdout), seen
-    except ValueError:
-        raise AssertionError("no report from %s: %s %s" % (address, p.stdout[-2000:], p.stderr[-2000:]))
+    reports = {}
+    for address in addresses:
+        p = out.get(address)
+        try:
+            reports[address] = json.loads(p.stdout)
+        except (AttributeError, ValueError):
+            raise AssertionError("no report from %s: %s" % (address, p and (p.stdout[-2000:] + p.stderr[-2000:])))
+    return reports, seen
 
 
 def test_a_proxy_mode_guest_passes_the_egr_cases_and_the_doors_through_the_proxy(proxy_lab):
@@ -81,17 +91,9 @@ def test_a_proxy_mode_guest_passes_the_egr_cases_and_the_doors_through_the_proxy
     logged; DNS and a direct connection dropped), and the browser door's
     refusals are the proxy's. The denied name's listener sees the guest's
     own control connection only: nothing of the cell's attempt reached it."""
-    reports = {}
-
-    def one(name, address):
-        reports[name] = _audit(address)
-    threads = [threading.Thread(target=one, args=(n, a)) for n, (_d, a, _h) in GUESTS.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(900)
+    reports, seen = _audits([a for _d, a, _h in GUESTS.values()])
     for name, (distro, address, _h) in GUESTS.items():
-        rep, seen = reports[name]
+        rep = reports[address]
         cases = dict((c["id"], c) for c in rep["cases"])
         assert rep["header"]["egress_mode"] == "proxy" and distro in rep["header"]["os"].lower(), rep["header"]
         assert rep["verdict"] == "passed", [c for c in rep["cases"] if c["verdict"] not in ("pass", "skip")]
@@ -101,7 +103,8 @@ def test_a_proxy_mode_guest_passes_the_egr_cases_and_the_doors_through_the_proxy
         assert "refused by the proxy" in cases["BRW-01"]["probe"], cases["BRW-01"]
         # skipped here: every slot at once (the audit runs without --exclusive) and the pids controller
         assert sorted(c for c in cases if cases[c]["verdict"] == "skip") == ["LIFE-03", "LIM-02"]
-        assert seen == [address], seen
+        assert [peer for peer in seen if peer == address] == [address], seen
+    assert sorted(seen) == sorted(a for _d, a, _h in GUESTS.values()), seen
 
 
 def test_the_egr_counter_proofs_fail_exactly_their_cases(proxy_lab):
@@ -110,7 +113,7 @@ def test_the_egr_counter_proofs_fail_exactly_their_cases(proxy_lab):
     connection EGR-06 only; the runs before and after pass, and the proxy
     is back on its own configuration."""
     address = GUESTS["lproxy2"][1]
-    rep, dummy = _audit(address, " --counter-proof --case EGR-02 --case EGR-05 --case EGR-06")
+    rep = _audits([address], " --counter-proof --case EGR-02 --case EGR-05 --case EGR-06")[0][address]
     got = dict((r["name"], (r["verdict"], r["failed"])) for r in rep["loosenings"])
     assert got == {"EGR-02": ("proven", ["EGR-02", "EGR-03"]), "EGR-05": ("proven", ["EGR-05"]),
                    "EGR-06": ("proven", ["EGR-06"])}, rep["loosenings"]

@@ -50,8 +50,8 @@ from . import policy as policymod
 from . import records
 from . import resolver as resolvermod
 from . import egresslog
-from .catalog import BY_ID, EXCLUSIVE_SKIP, LIFECYCLE_CASES, cases_for, egress_mode, judge
-from .catalog.case import Result, error
+from .catalog import BY_ID, EXCLUSIVE_SKIP, LIFECYCLE_CASES, cases_for, judge
+from .catalog.case import Result, egress_mode, error
 from .catalog.facts import COOKIE_NAME, COOKIE_PATH, METADATA, QUOTA_EXTRA, RAW_MARKER, SHOTS_DIR, Facts, marker
 from .catalog.fs import hidden_paths
 

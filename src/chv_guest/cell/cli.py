@@ -327,7 +327,7 @@ def audit(ns: argparse.Namespace) -> int:
     if unknown:
         logmod.log("audit: --case %s: no such case (chv-cell audit --list)" % ", ".join(unknown))
         return exits.EXIT_CONFIG
-    mode = catalog.egress_mode(policymod.load(ns.policy))
+    mode = catalog.case.egress_mode(policymod.load(ns.policy))
     other = [cid for cid in ns.case if not catalog.BY_ID[cid].applies(mode)]
     if other:
         logmod.log("audit: --case %s: not judged on this guest, whose egress mode is %s (chv-cell audit --list)"

@@ -206,8 +206,8 @@ def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -
         return reason
     judged = set(c["id"] for c in before["cases"])
     if not judged & set(loosening.cases):
-        return "not judged on this guest: %s" % ", ".join("%s is of %s mode" % (cid, catalog.BY_ID[cid].mode)
-                                                         for cid in loosening.cases)
+        modes = ["%s is of %s mode" % (cid, catalog.BY_ID[cid].mode) for cid in loosening.cases]
+        return "not judged on this guest: %s" % ", ".join(modes)
     skipped = dict((c["id"], c["probe"]) for c in before["cases"] if c["verdict"] == "skip")
     if all(cid in skipped for cid in loosening.cases):
         return "skipped in the run before: %s" % skipped[loosening.cases[0]]

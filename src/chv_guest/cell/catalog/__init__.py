@@ -9,8 +9,7 @@ from typing import Collection, Dict, List, Optional
 
 from . import brw, egr, fs, ipc, life, lim, net, ten
 from . import id as id_
-from .case import Case, Result, error, skip
-from .case import egress_mode as egress_mode  # the audit's and the command line's
+from .case import Case, Result, egress_mode, error, skip
 from .facts import Facts
 from .loosen import Loosening
 

@@ -198,16 +198,16 @@ def remove_stale_copies(state_dir: str) -> int:
 
 
 def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -> Optional[str]:
-    """Why this guest cannot show the loosening, or None: its own needs,
-    or its cases skipped in the run before (a loosening cannot make a case
+    """Why this guest cannot show the loosening, or None: its cases are of
+    the other egress mode, its own needs, or its cases skipped in the run before (a loosening cannot make a case
     fail that this guest does not run)."""
-    reason = loosening.needs(ctx) if loosening.needs else None
-    if reason:
-        return reason
     judged = set(c["id"] for c in before["cases"])
     if not judged & set(loosening.cases):
         modes = ["%s is of %s mode" % (cid, catalog.BY_ID[cid].mode) for cid in loosening.cases]
         return "not judged on this guest: %s" % ", ".join(modes)
+    reason = loosening.needs(ctx) if loosening.needs else None
+    if reason:
+        return reason
     skipped = dict((c["id"], c["probe"]) for c in before["cases"] if c["verdict"] == "skip")
     if all(cid in skipped for cid in loosening.cases):
         return "skipped in the run before: %s" % skipped[loosening.cases[0]]

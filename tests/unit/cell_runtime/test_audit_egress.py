@@ -164,3 +164,7 @@ def test_a_loosening_of_the_other_modes_cases_is_not_applicable(policy):
     before = {"cases": [{"id": c.id, "verdict": "pass", "probe": ""} for c in catalog.cases_for("cidr")]}
     assert counterproof.not_applicable(egr.WIDEN, ctx, before) == \
         "not judged on this guest: EGR-02 is of proxy mode, EGR-03 is of proxy mode"
+    # the mode comes first: a cidr guest run without the proxy's options names the mode, not the options
+    ctx["opts"].update(allow_name=None, deny_name=None)
+    assert egr.WIDEN.needs(ctx)
+    assert counterproof.not_applicable(egr.WIDEN, ctx, before).startswith("not judged on this guest")

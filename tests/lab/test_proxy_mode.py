@@ -4,18 +4,28 @@ from the Debian mirror, lab_egress) with the lab's resolver stand-in, both
 converged by site.yml in proxy mode. On each, chv-cell audit judges the
 catalog with the EGR cases (and the doors through the proxy); on trixie the
 EGR counter-proofs (the proxy's list widened for one slot, the kernel's
-DNS and direct drops loosened) fail exactly their cases. The names resolve
-only at the stand-in, to the lab host's listeners; nothing leaves the lab."""
+DNS and direct drops loosened) fail exactly their cases. On bookworm, the
+sync door through the proxy: a task's clone and a cell's pull from an
+allowed git host (a real git server on the lab host) work, and both to a
+denied name are refused before any byte reaches its listener, each with its
+line in the proxy's log. Last, a second converge of both guests in proxy
+mode changes nothing. The names resolve only at the stand-in, to the lab
+host's listeners; nothing leaves the lab."""
 
+import base64
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
-from chv_guest.cell import audit
+import gitserver
+from chv_guest.cell import audit, egresslog
 from test_lab import playbook
 from testpaths import ROOT
 
@@ -23,20 +33,33 @@ LAB = "lproxy"
 NETWORK = "10.99.38.0/28"
 HOST = "10.99.38.1"          # the lab host, bookworm guest's side: the listeners
 GUESTS = {"lproxy1": ("bookworm", "10.99.38.2", "10.99.38.1"), "lproxy2": ("trixie", "10.99.38.6", "10.99.38.5")}
-ALLOW_PORT, DENY_PORT = 18770, 18771
-NAMES = {"allowed.chv-lab.test": HOST, "denied.chv-lab.test": HOST, "inside.chv-lab.test": "127.0.0.1"}
+ALLOW_PORT, DENY_PORT, GIT_PORT = 18770, 18771, 18772
+NAMES = {"allowed.chv-lab.test": HOST, "denied.chv-lab.test": HOST, "inside.chv-lab.test": "127.0.0.1",
+         "git.chv-lab.test": HOST}
+# the lab host's git server (tests/helpers/gitserver.py), by its name; its account's password is this run's
+GIT_URL = "http://git.chv-lab.test:%d/git/proj.git" % GIT_PORT
+DENIED_GIT_URL = "http://denied.chv-lab.test:%d/git/proj.git" % DENY_PORT
+GIT_PASSWORD = base64.b32encode(os.urandom(15)).decode().lower()
 LAB_VARS = ["lab_name=" + LAB, "lab_network=" + NETWORK, json.dumps({
     "lab_guests": [{"name": n, "distro": d} for n, (d, _a, _h) in sorted(GUESTS.items())],
     "lab_egress": True, "lab_resolver_names": NAMES})]
 SITE_VARS = {"chv_cell_egress_mode": "proxy",
              "cell_nat_egress_names": [{"name": "allowed.chv-lab.test", "port": ALLOW_PORT},
-                                       {"name": "inside.chv-lab.test", "port": 18798}],
+                                       {"name": "inside.chv-lab.test", "port": 18798},
+                                       {"name": "git.chv-lab.test", "port": GIT_PORT}],
+             # the sync door: both git hosts pass chv-broker's own list, so that the proxy is what refuses
+             "chv_broker_sync_protocols": ["http", "https"],
+             "chv_broker_sync_hosts": ["git.chv-lab.test:%d" % GIT_PORT, "denied.chv-lab.test:%d" % DENY_PORT],
+             "chv_broker_sync_credentials": "http://executor:%s@git.chv-lab.test:%d\n" % (GIT_PASSWORD, GIT_PORT),
              # the lab host by both guests' links (the plain layer replaces the inventory's per-guest one)
              "cell_nat_egress_allow": [{"cidr": h + "/32", "comment": "the lab host"} for _d, _a, h in GUESTS.values()]}
 DIR = "/var/lib/chv-fleet-lab/" + LAB
 AUDIT = ("chv-cell audit --json --runs 3 --metadata-stand-in --allow-name allowed.chv-lab.test:%d "
          "--deny-name denied.chv-lab.test:%d --inside-name inside.chv-lab.test "
          "--allow-url http://allowed.chv-lab.test:%d/" % (ALLOW_PORT, DENY_PORT, ALLOW_PORT))
+
+
+CLIENT = "/usr/lib/chv-fleet/chv_guest/broker/client.py"
 
 
 def ssh(address, command, timeout=900):
@@ -54,13 +77,18 @@ def proxy_lab(tmp_path_factory):
     extra = tmp_path_factory.mktemp("proxy") / "vars.json"
     extra.write_text(json.dumps(SITE_VARS))
     env = dict(os.environ, ANSIBLE_NOCOLOR="1")
-    site = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "site.yml", "-i", DIR + "/inventory.yml", "-e", "@%s" % extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    site = subprocess.run(_site_argv(extra), cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+                          check=False)
     try:
         assert site.returncode == 0, site.stdout[-4000:]
-        yield site.stdout
+        yield extra
     finally:
         playbook("lab_down.yml", *LAB_VARS)
+
+
+def _site_argv(extra):
+    return [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "site.yml", "-i",
+            DIR + "/inventory.yml", "-e", "@%s" % extra]
 
 
 def _audits(addresses, extra=""):
@@ -120,3 +148,72 @@ def test_the_egr_counter_proofs_fail_exactly_their_cases(proxy_lab):
     assert rep["verdict"] == "proven", rep
     conf = ssh(address, "ls /etc/chv-fleet/egress-proxy/").stdout
     assert "chv-audit-orig" not in conf, conf
+
+
+def _log_lines(address, since):
+    """The proxy's log lines after line ``since`` (egresslog's fields), and the count now."""
+    text = ssh(address, "cat %s" % egresslog.DEFAULT_LOG).stdout.splitlines()
+    return [egresslog.parse_line(line) for line in text[since:]], len(text)
+
+
+def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(proxy_lab):
+    """bookworm: a task's clone (before the task's first cell: the slot's
+    gateway is on the guest's loopback for the clone) and a cell's pull
+    through chv-broker's sync reach the allowed git host through the proxy;
+    the same two to a denied name (allowed by chv-broker's own host list, so
+    that the proxy is what refuses) get the proxy's 403, and the denied
+    name's listener sees nothing. The proxy's log has a line for each
+    attempt, of the task's slot, from its gateway, with its verdict."""
+    address = GUESTS["lproxy1"][1]
+    server = gitserver.GitServer(address=HOST, port=GIT_PORT, password=GIT_PASSWORD).start()
+    try:
+        with audit.Listener(HOST, DENY_PORT) as deny:
+            before = _log_lines(address, 0)[1]
+            started = ssh(address, "chv-cell task start --repo " + GIT_URL)
+            assert started.returncode == 0, started.stderr
+            task = json.loads(started.stdout)
+            assert task["repo"]["head"] == server.commits[-1], task           # control: cloned through the proxy
+            try:
+                pull = json.dumps({"op": "sync", "action": "pull"})
+                script = ("python3 {c} '{p}'; echo; git remote set-url origin {d}; python3 {c} '{p}'; echo; "
+                          "test -z \"$(ip -4 route show default)\" || ip -4 route show default"
+                          .format(c=CLIENT, p=pull, d=DENIED_GIT_URL))
+                turn = ssh(address, "chv-cell run --task %s -- sh -c %s" % (task["task"], shlex.quote(script)))
+                assert turn.returncode == 0, (turn.stdout, turn.stderr)
+                replies = [json.loads(line) for line in turn.stdout.splitlines() if line.startswith("{")]
+                assert len(replies) == 2, turn.stdout
+                assert replies[0]["ok"] and replies[0]["result"]["returncode"] == 0, replies[0]
+                assert replies[1]["result"]["returncode"] != 0 and "403" in json.dumps(replies[1]), replies[1]
+            finally:
+                ended = ssh(address, "chv-cell task end " + task["task"])
+                assert ended.returncode == 0, ended.stderr
+            refused = ssh(address, "chv-cell task start --repo " + DENIED_GIT_URL)
+            assert refused.returncode == 76 and "403" in refused.stderr, (refused.returncode, refused.stderr)
+            time.sleep(1)
+            assert deny.seen == [], deny.seen                                  # not a byte reached it
+        lines, _n = _log_lines(address, before)
+        slot = task["slot"]
+        gateway = ssh(address, "python3 -c 'import json; print([s[\"gateway\"] for s in json.load(open("
+                               "\"/etc/chv-fleet/cell-policy.json\"))[\"slots\"] if s[\"name\"] == \"%s\"][0])'"
+                      % slot).stdout.strip()
+        # git's requests over plain HTTP are a line each (its first, without the credential, gets the server's
+        # 401: failed); the denied name's attempts stop at their first request
+        got = [(r["slot"], r["src"], r["host"], r["verdict"]) for r in lines if r]
+        assert len(got) == len(lines) and set(g[:2] for g in got) == {(slot, gateway)}, lines
+        allowed = [g[3] for g in got if g[2] == "git.chv-lab.test"]
+        assert allowed.count("allowed") >= 4 and "denied" not in allowed, got      # the clone's and the pull's
+        assert [g[3] for g in got if g[2] == "denied.chv-lab.test"] == ["denied", "denied"], got
+        assert set(g[2] for g in got) == {"git.chv-lab.test", "denied.chv-lab.test"}, got
+        # the clone's address on the loopback is gone again
+        assert not re.search(r"\b%s/32\b" % re.escape(gateway), ssh(address, "ip -4 -o addr show dev lo").stdout)
+    finally:
+        server.stop()
+
+
+def test_a_second_converge_in_proxy_mode_changes_nothing(proxy_lab):
+    """site.yml again, with the same variables, on both guests: changed=0."""
+    site = subprocess.run(_site_argv(proxy_lab), cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
+                          capture_output=True, text=True, timeout=1200, check=False)
+    assert site.returncode == 0, site.stdout[-4000:]
+    recap = dict(re.findall(r"^(lproxy\d)\s+: ok=\d+\s+changed=(\d+)", site.stdout, re.M))
+    assert recap == {"lproxy1": "0", "lproxy2": "0"}, site.stdout[-4000:]

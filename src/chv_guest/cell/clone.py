@@ -15,13 +15,23 @@ broker's credential helper given on git's command line: the workspace's
 ``.git/config`` keeps the URL as given (one with a user name or password
 is refused) and no credential helper.
 
+In proxy mode (the policy's egress_proxy) the clone's git goes through
+the slot's egress proxy, as the sync door's does for a running cell: the
+kernel refuses a door's direct connection (cell_nat's ``drop_door_direct``)
+and the proxy applies the slot's list of names. The door reaches the
+proxy on the slot's gateway address, which the slot's veth holds while a
+cell runs; a task's clone comes before its first cell, so the address is
+put on the guest's loopback for the clone's length (``door_gateway``).
+
 chv-broker's package is the broker role's: without it (or without its
 configuration, the policy's ``broker_config``) a clone is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any, Dict, Optional
+import subprocess
+from typing import Any, Dict, Iterator, Optional
 
 from . import argv as argvmod
 from . import exits
@@ -78,14 +88,41 @@ def clone_into(policy: policymod.Policy, slot: policymod.Slot, url: str, ref: Op
     server = _broker()
     workspace = argvmod.cell_paths(policy, slot)["workspace"]
     credentials = server.read_credentials(scfg["credentials_file"])
-    spec = server.worker_spec(scfg, workspace, ".", ["git"], credentials)
+    spec = server.worker_spec(scfg, workspace, ".", ["git"], credentials, argvmod.proxy_url(policy, slot))
     spec["clone"] = {"url": url} if ref is None else {"url": url, "ref": ref}
     jail = {"uid": slot["uid_base"], "gid": slot["uid_base"], "workspace": workspace,
             "properties": server.sync_mount_properties(scfg, policy["workspace_root"], workspace)}
     argv = server.worker_argv(scfg) + ["--jail", json.dumps(jail), json.dumps(spec)]
-    res = server.run_worker(argv, dict(server.WORKER_ENV), credentials, scfg["max_output_bytes"], scfg["timeout"])
+    with door_gateway(policy, slot):
+        res = server.run_worker(argv, dict(server.WORKER_ENV), credentials, scfg["max_output_bytes"], scfg["timeout"])
     del credentials
     return clone_result(res, scfg["timeout"], url)
+
+
+def _ip(policy: policymod.Policy, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([policy["ip"]] + list(args), capture_output=True, text=True, check=False)
+
+
+@contextlib.contextmanager
+def door_gateway(policy: policymod.Policy, slot: policymod.Slot) -> Iterator[None]:
+    """Proxy mode: the slot's gateway address (/32) on the guest's loopback
+    while the block runs, so that the clone's git reaches the slot's proxy
+    there (argv.proxy_url) from that address, which squid's ACL for the
+    slot matches; removed afterwards. ``replace``: a leftover of a clone that
+    was killed is taken over and removed. Outside proxy mode, nothing.
+    CloneError 125 when the address cannot be added."""
+    if not policy.get("egress_proxy"):
+        yield
+        return
+    addr = "%s/32" % slot["gateway"]
+    added = _ip(policy, "addr", "replace", addr, "dev", "lo")
+    if added.returncode != 0:
+        raise CloneError(exits.EXIT_SETUP, "the clone cannot reach the slot's egress proxy: ip addr replace %s dev "
+                         "lo: %s" % (addr, added.stderr.strip()))
+    try:
+        yield
+    finally:
+        _ip(policy, "addr", "del", addr, "dev", "lo")
 
 
 def clone_result(res: Dict[str, Any], timeout: float, url: str) -> Dict[str, Any]:

@@ -131,3 +131,41 @@ def test_policy_broker_config_is_a_path_or_empty(raw_policy):
         assert policymod.validate(dict(raw_policy, broker_config=ok)) == []
     for bad in ("broker.json", "/", 7, "/etc/../x"):
         assert any("broker_config" in e for e in policymod.validate(dict(raw_policy, broker_config=bad))), bad
+
+
+def _fake_ip(tmp_path, rc):
+    """An ``ip`` that logs its arguments and exits ``rc`` (the policy's "ip")."""
+    log = tmp_path / "ip.log"
+    exe = tmp_path / "ip"
+    exe.write_text("#!/bin/sh\necho \"$*\" >> %s\necho 'RTNETLINK answers: File exists' >&2\nexit %d\n" % (log, rc))
+    exe.chmod(0o755)
+    return str(exe), log
+
+
+def test_in_proxy_mode_the_slots_gateway_is_on_loopback_for_the_clone_only(policy, tmp_path):
+    """The clone's git reaches the slot's proxy on the slot's gateway, which
+    no veth holds before the task's first cell: the address is put on lo
+    for the clone's length and removed after, also when the clone fails."""
+    slot = policy["slots"][0]
+    exe, log = _fake_ip(tmp_path, 0)
+    proxied = dict(policy, ip=exe, egress_proxy={"port": 3128})
+    with clone.door_gateway(proxied, slot):
+        assert log.read_text().splitlines() == ["addr replace %s/32 dev lo" % slot["gateway"]]
+    with pytest.raises(RuntimeError):
+        with clone.door_gateway(proxied, slot):
+            raise RuntimeError("the worker failed")
+    assert log.read_text().splitlines() == ["addr replace %s/32 dev lo" % slot["gateway"],
+                                            "addr del %s/32 dev lo" % slot["gateway"]] * 2
+    # outside proxy mode: nothing
+    log.unlink()
+    with clone.door_gateway(dict(policy, ip=exe, egress_proxy=None), slot):
+        pass
+    assert not log.exists()
+    # the address refused: the guest's fault (125), and the clone does not run
+    (tmp_path / "refusing").mkdir()
+    exe, log = _fake_ip(tmp_path / "refusing", 1)
+    ran = []
+    with pytest.raises(clone.CloneError) as exc:
+        with clone.door_gateway(dict(proxied, ip=exe), slot):
+            ran.append(1)
+    assert exc.value.code == exits.EXIT_SETUP and "File exists" in str(exc.value) and ran == []

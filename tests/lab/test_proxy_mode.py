@@ -211,9 +211,14 @@ def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(proxy_lab):
 
 
 def test_a_second_converge_in_proxy_mode_changes_nothing(proxy_lab):
-    """site.yml again, with the same variables, on both guests: changed=0."""
-    site = subprocess.run(_site_argv(proxy_lab), cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
+    """site.yml again, with the same variables, on both guests, every role
+    in full (chv_fleet_full_converge: not the fast path, which would skip
+    them on a guest as the last converge left it): changed=0."""
+    site = subprocess.run(_site_argv(proxy_lab) + ["-e", "chv_fleet_full_converge=true"], cwd=ROOT,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary"),
                           capture_output=True, text=True, timeout=1200, check=False)
     assert site.returncode == 0, site.stdout[-4000:]
     recap = dict(re.findall(r"^(lproxy\d)\s+: ok=\d+\s+changed=(\d+)", site.stdout, re.M))
     assert recap == {"lproxy1": "0", "lproxy2": "0"}, site.stdout[-4000:]
+    summary = site.stdout.split("CHV.FLEET SUMMARY", 1)[1]
+    assert len(re.findall(r"^lproxy\d: ok, changed=0, .*path: full \(chv_fleet_full_converge", summary, re.M)) == 2, summary

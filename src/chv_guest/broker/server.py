@@ -60,13 +60,21 @@ def read_credentials(path: str) -> bytes:
         return b""
 
 
+# The sync's protocols in proxy mode: those git sends through http.proxy (worker_spec).
+PROXY_PROTOCOLS = ("http", "https")
+
+
 def worker_spec(scfg: wire.JSONObject, workspace: str, repo: str, argv: List[str], credentials: bytes,
                 proxy: Optional[str] = None) -> SyncSpec:
     """The sync worker's spec for ``workspace`` (syncrun.SyncSpec): the protocols, hosts and limits of
     chv-broker's sync, its credential helper when there are ``credentials``, and ``proxy`` (the cell
-    record's egress_proxy, proxy mode) for git's http.proxy."""
+    record's egress_proxy, proxy mode) for git's http.proxy. With ``proxy`` only the protocols git
+    sends through it (PROXY_PROTOCOLS): git's ``git://`` and ``ssh://`` transports ignore http.proxy,
+    and would connect straight to whatever address the repository's remote names, including another
+    slot's gateway, where the proxy would take the connection for that slot's."""
+    protocols = [p for p in scfg["protocols"] if p in PROXY_PROTOCOLS] if proxy else scfg["protocols"]
     spec: SyncSpec = {
-        "workspace": workspace, "repo": repo, "argv": argv, "protocols": scfg["protocols"], "hosts": scfg["hosts"],
+        "workspace": workspace, "repo": repo, "argv": argv, "protocols": protocols, "hosts": scfg["hosts"],
         # run by the interpreter: the installed package's files are not executable
         "credential_helper": ("!%s -I %s" % (scfg["python"], os.path.join(HERE, "credential.py"))
                               if credentials else ""),

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from . import argv as argvmod
 from . import exits
@@ -108,21 +110,43 @@ def door_gateway(policy: policymod.Policy, slot: policymod.Slot) -> Iterator[Non
     """Proxy mode: the slot's gateway address (/32) on the guest's loopback
     while the block runs, so that the clone's git reaches the slot's proxy
     there (argv.proxy_url) from that address, which squid's ACL for the
-    slot matches; removed afterwards. ``replace``: a leftover of a clone that
-    was killed is taken over and removed. Outside proxy mode, nothing.
-    CloneError 125 when the address cannot be added."""
+    slot matches; removed afterwards (release_gateway), also when the add
+    failed or a signal stopped the start. ``replace``: a leftover of a clone
+    that was killed is taken over. Outside proxy mode, nothing. CloneError
+    125 when the address cannot be added."""
     if not policy.get("egress_proxy"):
         yield
         return
     addr = "%s/32" % slot["gateway"]
-    added = _ip(policy, "addr", "replace", addr, "dev", "lo")
-    if added.returncode != 0:
-        raise CloneError(exits.EXIT_SETUP, "the clone cannot reach the slot's egress proxy: ip addr replace %s dev "
-                         "lo: %s" % (addr, added.stderr.strip()))
     try:
+        added = _ip(policy, "addr", "replace", addr, "dev", "lo")
+        if added.returncode != 0:
+            raise CloneError(exits.EXIT_SETUP, "the clone cannot reach the slot's egress proxy: ip addr replace %s "
+                             "dev lo: %s" % (addr, added.stderr.strip()))
         yield
     finally:
-        _ip(policy, "addr", "del", addr, "dev", "lo")
+        release_gateway(policy, slot)
+
+
+def release_gateway(policy: policymod.Policy, slot: policymod.Slot) -> None:
+    """Proxy mode: the slot's gateway address off the guest's loopback
+    (door_gateway's, and a leftover of a clone killed with SIGKILL when the
+    slot is emptied: tasks.empty_slot), with the signals a start turns into
+    StartStopped held until it is done; the veth of a running cell keeps its
+    own. Nothing outside proxy mode."""
+    if not policy.get("egress_proxy"):
+        return
+    # held by handlers of our own (a mask holds them only for the thread that sets it), then sent again
+    pending: List[int] = []
+    old = dict((s, signal.signal(s, lambda signum, _frame: pending.append(signum)))
+               for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
+    try:
+        _ip(policy, "addr", "del", "%s/32" % slot["gateway"], "dev", "lo")
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for signum in pending:
+            os.kill(os.getpid(), signum)
 
 
 def clone_result(res: Dict[str, Any], timeout: float, url: str) -> Dict[str, Any]:

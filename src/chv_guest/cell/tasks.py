@@ -60,8 +60,10 @@ def empty_slot(policy: policymod.Policy, slot: policymod.Slot) -> None:
     """Empty everything of the slot a task leaves (the caller holds its
     lock): a cell a dead launcher left is killed first (runner's reap), then
     the workspace, the agent state dir and the screenshots are emptied
-    without following a link, and chv-browser ends the slot's context."""
-    from . import doors  # noqa: PLC0415 (an end only)
+    without following a link, chv-browser ends the slot's context, and in
+    proxy mode the slot's gateway address is taken off the loopback (a
+    clone killed with SIGKILL leaves it there: clone.door_gateway)."""
+    from . import clone, doors  # noqa: PLC0415 (an end only)
 
     launcher = runner.Launcher(policy)
     launcher.reap(slot, host.resolve_scope(policy))
@@ -76,6 +78,7 @@ def empty_slot(policy: policymod.Policy, slot: policymod.Slot) -> None:
     if outcome == "failed":
         raise SetupError("slot %s: chv-browser did not confirm the end of the slot's browser context (%s)"
                          % (slot["name"], detail))
+    clone.release_gateway(policy, slot)  # a leftover of a clone killed with SIGKILL (proxy mode)
     os.makedirs(policy["state_dir"], mode=0o700, exist_ok=True)
     ensure_slot_dir(paths["workspace"], slot["uid_base"])
     ensure_slot_dir(paths["agent_state"], slot["uid_base"])

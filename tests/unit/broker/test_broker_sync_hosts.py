@@ -2,6 +2,8 @@
 import json
 import os
 import re
+import socket
+import subprocess
 
 import pytest
 import yaml
@@ -372,3 +374,36 @@ def test_broker_refuses_a_bad_host_entry_at_start():
     for bad in (["https://git.example.org"], ["host:0"], "git.example.org"):
         with pytest.raises(ValueError, match="chv_broker_sync_hosts"):
             server.Broker(server.merge(server.DEFAULTS, {"sync": {"hosts": bad}}))
+
+
+def test_in_proxy_mode_only_the_protocols_git_sends_through_the_proxy(tmp_path):
+    """git:// and ssh:// ignore http.proxy: in proxy mode the worker's spec keeps only http and https, so
+    git refuses a git:// remote before it connects (here: to a listener on loopback, standing for another
+    slot's gateway). The control: the same remote with the configured protocols and no proxy reaches it."""
+    scfg = server.merge(server.DEFAULTS, {"sync": {"protocols": ["https", "http", "git", "ssh"]}})["sync"]
+    proxied = server.worker_spec(scfg, "/ws", ".", ["git", "fetch"], b"", "http://10.200.0.1:3128")
+    assert proxied["protocols"] == ["https", "http"]
+    plain = server.worker_spec(scfg, "/ws", ".", ["git", "fetch"], b"", None)
+    assert plain["protocols"] == ["https", "http", "git", "ssh"]
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(4)
+        lst.settimeout(5)
+        url = "git://127.0.0.1:%d/repo" % lst.getsockname()[1]
+        env = {"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+               "HOME": str(tmp_path)}
+        refused = subprocess.run(git_prefix(proxied["protocols"], "", proxied["proxy"]) + ["ls-remote", url],
+                                 env=env, capture_output=True, text=True, timeout=30, check=False)
+        assert refused.returncode != 0 and "transport 'git' not allowed" in refused.stderr, refused.stderr
+        lst.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            lst.accept()                                                  # nothing came
+        control = subprocess.Popen(git_prefix(plain["protocols"], "") + ["ls-remote", url], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            lst.settimeout(10)
+            conn, _peer = lst.accept()                                    # the control's connection
+            conn.close()
+        finally:
+            control.kill()
+            control.wait()

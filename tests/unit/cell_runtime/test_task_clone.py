@@ -4,6 +4,7 @@ code, and the agent's --repo/--ref filter.  The clone itself runs against a
 real git server in tests/integration/cells/test_task_repo_real.py."""
 
 import json
+import signal
 
 import pytest
 
@@ -169,3 +170,29 @@ def test_in_proxy_mode_the_slots_gateway_is_on_loopback_for_the_clone_only(polic
         with clone.door_gateway(dict(proxied, ip=exe), slot):
             ran.append(1)
     assert exc.value.code == exits.EXIT_SETUP and "File exists" in str(exc.value) and ran == []
+    # ... and the delete follows all the same (a partial add leaves nothing)
+    assert log.read_text().splitlines()[-1] == "addr del %s/32 dev lo" % slot["gateway"]
+
+
+def test_a_signal_during_the_delete_waits_until_the_address_is_gone(policy, tmp_path):
+    """A start's SIGTERM becomes StartStopped (tasks.stop_signals); during
+    release_gateway's delete it is held, then delivered after it."""
+    slot = policy["slots"][0]
+    log = tmp_path / "ip.log"
+    exe = tmp_path / "ip"
+    # the ip of this test signals its parent (this process) in the middle of its run
+    exe.write_text("#!/bin/sh\nkill -TERM $PPID\nsleep 0.2\necho \"$*\" >> %s\n" % log)
+    exe.chmod(0o755)
+    got = []
+
+    def stopped(signum, _frame):
+        got.append(log.read_text().splitlines())
+        raise RuntimeError("stopped")
+
+    old = signal.signal(signal.SIGTERM, stopped)
+    try:
+        with pytest.raises(RuntimeError, match="stopped"):
+            clone.release_gateway(dict(policy, ip=str(exe), egress_proxy={"port": 3128}), slot)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert got == [["addr del %s/32 dev lo" % slot["gateway"]]]       # delivered after the delete, not in it

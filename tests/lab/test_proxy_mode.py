@@ -8,9 +8,9 @@ DNS and direct drops loosened) fail exactly their cases. On bookworm, the
 sync door through the proxy: a task's clone and a cell's pull from an
 allowed git host (a real git server on the lab host) work, and both to a
 denied name are refused before any byte reaches its listener, each with its
-line in the proxy's log. Last, a second converge of both guests in proxy
-mode changes nothing. The names resolve only at the stand-in, to the lab
-host's listeners; nothing leaves the lab."""
+line in the proxy's log. Last, a second converge of the trixie guest in
+proxy mode, every role in full, changes nothing. The names resolve only
+at the stand-in, to the lab host's listeners; nothing leaves the lab."""
 
 import base64
 import json
@@ -211,14 +211,17 @@ def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(proxy_lab):
 
 
 def test_a_second_converge_in_proxy_mode_changes_nothing(proxy_lab):
-    """site.yml again, with the same variables, on both guests, every role
-    in full (chv_fleet_full_converge: not the fast path, which would skip
-    them on a guest as the last converge left it): changed=0."""
-    site = subprocess.run(_site_argv(proxy_lab) + ["-e", "chv_fleet_full_converge=true"], cwd=ROOT,
-                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary"),
+    """site.yml again on the trixie guest, with the same variables, every
+    role in full (chv_fleet_full_converge: not the fast path, which would
+    skip them on a guest as the last converge left it): changed=0. One
+    guest: the proxy's tasks are the same on both distributions, and a
+    full converge costs make test about two CPU-minutes a guest."""
+    site = subprocess.run(_site_argv(proxy_lab) + ["--limit", "lproxy2", "-e", "chv_fleet_full_converge=true"],
+                          cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1",
+                                             ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary"),
                           capture_output=True, text=True, timeout=1200, check=False)
     assert site.returncode == 0, site.stdout[-4000:]
     recap = dict(re.findall(r"^(lproxy\d)\s+: ok=\d+\s+changed=(\d+)", site.stdout, re.M))
-    assert recap == {"lproxy1": "0", "lproxy2": "0"}, site.stdout[-4000:]
+    assert recap == {"lproxy2": "0"}, site.stdout[-4000:]
     summary = site.stdout.split("CHV.FLEET SUMMARY", 1)[1]
-    assert len(re.findall(r"^lproxy\d: ok, changed=0, .*path: full \(chv_fleet_full_converge", summary, re.M)) == 2, summary
+    assert re.search(r"^lproxy2: ok, changed=0, .*path: full \(chv_fleet_full_converge", summary, re.M), summary

@@ -196,3 +196,25 @@ def test_a_signal_during_the_delete_waits_until_the_address_is_gone(policy, tmp_
     finally:
         signal.signal(signal.SIGTERM, old)
     assert got == [["addr del %s/32 dev lo" % slot["gateway"]]]       # delivered after the delete, not in it
+
+
+def test_emptying_a_slot_takes_a_killed_clones_gateway_off_the_loopback(task_policy, monkeypatch, tmp_path):
+    """A start killed with SIGKILL cannot run door_gateway's removal: the
+    slot's emptying (task end, reap, an abandoned start) does it, in proxy
+    mode only, after the slot's cell is reaped and its files are emptied."""
+    from chv_guest.cell import doors, runner, tasks, taskrec
+
+    order = []
+    monkeypatch.setattr(runner.Launcher, "reap", lambda self, slot, scope: order.append("reap"))
+    monkeypatch.setattr(tasks.host, "resolve_scope", lambda pol: "scope")
+    monkeypatch.setattr(taskrec, "wipe_contents", lambda path: order.append("wipe"))
+    monkeypatch.setattr(doors, "end_browser_slot", lambda sock, name: ("ended", ""))
+    monkeypatch.setattr(tasks, "ensure_slot_dir", lambda path, uid: None)
+    exe, log = _fake_ip(tmp_path, 0)
+    slot = task_policy["slots"][0]
+    tasks.empty_slot(dict(task_policy, ip=exe, egress_proxy={"port": 3128}), slot)
+    assert log.read_text().splitlines() == ["addr del %s/32 dev lo" % slot["gateway"]]
+    assert order == ["reap", "wipe", "wipe", "wipe"]
+    log.unlink()
+    tasks.empty_slot(dict(task_policy, ip=exe, egress_proxy=None), slot)     # cidr mode: no ip run
+    assert not log.exists()

@@ -199,8 +199,9 @@ def remove_stale_copies(state_dir: str) -> int:
 
 def not_applicable(loosening: Loosening, ctx: Context, before: Dict[str, Any]) -> Optional[str]:
     """Why this guest cannot show the loosening, or None: its cases are of
-    the other egress mode, its own needs, or its cases skipped in the run before (a loosening cannot make a case
-    fail that this guest does not run)."""
+    the other egress mode, its own needs, or its cases skipped in the run
+    before (a loosening cannot make a case fail that this guest does not
+    run)."""
     judged = set(c["id"] for c in before["cases"])
     if not judged & set(loosening.cases):
         modes = ["%s is of %s mode" % (cid, catalog.BY_ID[cid].mode) for cid in loosening.cases]

@@ -355,8 +355,9 @@ OTHER_UID = 300000
 # Driven by JSON lines on stdin, one JSON answer line each, from inside a cell (DoorClient):
 #   {"cmd": "idle", "n": N}          open N connections and send nothing (held idle)
 #   {"cmd": "send", "req": R}        open a connection, send R, keep it (its reply is read by "state")
-#   {"cmd": "call", "req": R, "n": N} N times: connect, send R, read the reply; the replies and
-#                                    each call's milliseconds (connect to reply)
+#   {"cmd": "call", "req": R, "n": N} N times: connect, send R, read the reply and the broker's
+#                                    close (client.py's request); the replies and each call's
+#                                    milliseconds (connect to close)
 #   {"cmd": "state"}                 each held connection: "open" (nothing came yet), its reply, or "closed"
 #   {"cmd": "close"}                 close every held connection
 _DOOR_CLIENT = r'''
@@ -375,6 +376,13 @@ def line(s, timeout):
             break
         buf += chunk
     return json.loads(buf) if buf.endswith(b"\n") else "closed"
+def closed(s):
+    s.settimeout(120)
+    try:
+        while s.recv(1 << 20):
+            pass
+    except OSError:  # reset: a connection refused unread is closed with the request still queued
+        pass
 def send(s, req):
     try:
         s.sendall(json.dumps(req).encode() + b"\n")
@@ -402,6 +410,7 @@ for cmd in map(json.loads, sys.stdin):
             with connect() as s:
                 send(s, cmd["req"])
                 replies.append(line(s, 120))
+                closed(s)  # the broker gives the slot's connection back before it closes
             ms.append((time.monotonic() - t0) * 1000)
         out = {"replies": replies, "ms": ms}
     elif cmd["cmd"] == "state":

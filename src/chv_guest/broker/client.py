@@ -42,7 +42,23 @@ def request(line: str, path: str = SOCKET, timeout: float = 180.0) -> bytes:
             s.sendall(line.encode("utf-8").replace(b"\n", b" ") + b"\n")
         except BrokenPipeError:
             pass  # a rejected peer is answered before its request is read: read that answer
-        return read_line(s)
+        buf = read_line(s)
+        wait_for_close(s)
+        return buf
+
+
+def wait_for_close(s: socket.socket, timeout: float = 5.0) -> None:
+    """Wait (at most ``timeout`` seconds) for the broker to close the connection after its reply.
+
+    The broker gives the slot's connection back before it closes the socket, so
+    a request sent after this is never refused for the one before it
+    (max_connections_per_slot), however loaded the guest is."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 def main(argv: List[str]) -> int:

@@ -409,50 +409,55 @@ class Broker:
         fields: Dict[str, object] = {"slot": None, "op": None, "verdict": "error"}
         try:
             with conn:
-                if admitted is None:  # called without the accept loop (tests): admit here
+                try:
+                    if admitted is None:  # called without the accept loop (tests): admit here
+                        try:
+                            admitted = self.admit(conn)
+                        except wire.Busy as exc:
+                            fields.update(self.busy_fields(exc))
+                            wire.send_quietly(conn, wire.err(exc))
+                            return
+                    if isinstance(admitted, PeerRejected):
+                        rejected = admitted
+                        fields.update(verdict="rejected", reason=rejected.reason, peer_pid=rejected.pid,
+                                      peer_uid=rejected.uid)
+                        wire.send_quietly(conn, wire.err("peer is not a process of a live chv cell"))
+                        return
+                    cell = admitted.data
+                    fields["slot"] = cell["slot"]
                     try:
-                        admitted = self.admit(conn)
-                    except wire.Busy as exc:
-                        fields.update(self.busy_fields(exc))
+                        req = wire.parse_object(wire.read_line(conn, self.cfg["max_request_bytes"],
+                                                               self.cfg["read_timeout"]))
+                    except wire.WireError as exc:
+                        fields.update(verdict="bad-request", reason=str(exc))
                         wire.send_quietly(conn, wire.err(exc))
                         return
-                if isinstance(admitted, PeerRejected):
-                    rejected = admitted
-                    fields.update(verdict="rejected", reason=rejected.reason, peer_pid=rejected.pid,
-                                  peer_uid=rejected.uid)
-                    wire.send_quietly(conn, wire.err("peer is not a process of a live chv cell"))
-                    return
-                cell = admitted.data
-                fields["slot"] = cell["slot"]
-                try:
-                    req = wire.parse_object(wire.read_line(conn, self.cfg["max_request_bytes"],
-                                                           self.cfg["read_timeout"]))
-                except wire.WireError as exc:
-                    fields.update(verdict="bad-request", reason=str(exc))
-                    wire.send_quietly(conn, wire.err(exc))
-                    return
-                fields["op"] = req.get("op") if isinstance(req.get("op"), str) else repr(req.get("op"))[:64]
-                if isinstance(req.get("action"), str):
-                    fields["action"] = req["action"][:64]
-                try:
-                    with self.requests.acquire(cell["slot"]):
-                        reply = wire.ok(self.dispatch(cell, req))
-                    fields["verdict"] = "ok"
-                except wire.Busy as exc:
-                    reply = wire.err(exc)
-                    fields.update(self.busy_fields(exc))
-                except OpError as exc:
-                    reply = wire.err(exc)
-                    fields.update(verdict="denied", reason=str(exc)[:300])
-                except Exception as exc:  # never let one request take the daemon down
-                    reply = wire.err("internal error")
-                    fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
-                wire.send_quietly(conn, reply)
+                    fields["op"] = req.get("op") if isinstance(req.get("op"), str) else repr(req.get("op"))[:64]
+                    if isinstance(req.get("action"), str):
+                        fields["action"] = req["action"][:64]
+                    try:
+                        with self.requests.acquire(cell["slot"]):
+                            reply = wire.ok(self.dispatch(cell, req))
+                        fields["verdict"] = "ok"
+                    except wire.Busy as exc:
+                        reply = wire.err(exc)
+                        fields.update(self.busy_fields(exc))
+                    except OpError as exc:
+                        reply = wire.err(exc)
+                        fields.update(verdict="denied", reason=str(exc)[:300])
+                    except Exception as exc:  # never let one request take the daemon down
+                        reply = wire.err("internal error")
+                        fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
+                    wire.send_quietly(conn, reply)
+                finally:
+                    # the slot's connection ends here, before the socket is closed (released once:
+                    # serve_connections too): a client that reads to the end of the connection may
+                    # open its next one at once, without a false "busy"
+                    if isinstance(admitted, wire.Hold):
+                        admitted.release()
         except Exception as exc:
             fields.update(verdict="error", reason="%s: %s" % (type(exc).__name__, exc))
         finally:
-            if isinstance(admitted, wire.Hold):
-                admitted.release()  # the slot's connection ends here (released once: serve_connections too)
             fields["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
             audit(self.log, AUDIT_EVENT, **fields)
 

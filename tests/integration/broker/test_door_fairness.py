@@ -55,6 +55,20 @@ def settled(client, keep_open=0, deadline=60):
     return states
 
 
+def ended(broker, slot, n, reason="connection closed before end of request", deadline=30):
+    """The audit entries of ``slot``'s connections that ended before a request for ``reason``,
+    once there are ``n`` of them. The broker releases a
+    connection's quota before it writes that entry, so after this a new connection of ``slot``
+    is admitted. A wait with a deadline, not a timing assertion: the caller asserts the count."""
+    end = time.monotonic() + deadline
+    while True:
+        entries = [e for e in broker.audit() if e["slot"] == slot and e["verdict"] == "bad-request"
+                   and e.get("reason") == reason]
+        if len(entries) >= n or time.monotonic() > end:
+            return entries
+        time.sleep(0.05)
+
+
 def _all_ok(replies, slot):
     return all(r == {"ok": True, "result": {"pong": True, "slot": slot}} for r in replies)
 
@@ -84,8 +98,9 @@ def test_idle_connections_of_one_slot_do_not_refuse_another(door):
     assert len(busy) == 13 and {(e["slot"], e["quota"], e["limit"]) for e in busy} == {
         ("slot0", "max_connections_per_slot", 4)}, busy
 
-    # control: once slot0 lets go, it is served again
+    # control: once slot0 lets go (the broker has seen its 4 connections end), it is served again
     a.close_all()
+    assert len(ended(broker, "slot0", 4)) == 4, broker.audit()
     assert _all_ok(a.call(PING)[0], "slot0")
 
 
@@ -145,4 +160,5 @@ def test_idle_connections_time_out_and_free_the_quota(env, door):
     # the broker ends each idle connection after read_timeout, with an error reply
     states = settled(a)
     assert len(states) == 4 and all(s == {"ok": False, "error": "read timeout"} for s in states), states
+    assert len(ended(broker, "slot0", 4, "read timeout")) == 4, broker.audit()  # their quota is released
     assert _all_ok(a.call(PING)[0], "slot0")

@@ -230,6 +230,36 @@ def test_the_broker_refuses_a_request_over_the_slots_quota_and_audits_it():
     assert b.requests.total() == 0 and b.connections.total() == 0
 
 
+class ClosingSocket(socket.socket):
+    """The broker's side of a connection, noting what ``quota`` holds of ``slot`` when it is closed."""
+    quota, slot, held_at_close = None, None, None
+
+    def close(self):
+        if self.held_at_close is None and self.fileno() >= 0:
+            self.held_at_close = self.quota.held(self.slot)
+        super().close()
+
+
+@pytest.mark.parametrize("sent, verdict", [
+    (b'{"op": "ping"}\n', "ok"), (b"", "bad-request"), (b"not json\n", "bad-request")])
+def test_the_broker_gives_the_slots_connection_back_before_it_closes_the_socket(sent, verdict):
+    """A client that reads to the broker's close (client.py) may connect again at once: the
+    slot's count is down before the close it sees (no false "busy" for back-to-back requests)."""
+    b, log = _broker()
+    b.peers = FakePeers("slot0")
+    mine, peer = socket.socketpair()
+    conn = ClosingSocket(fileno=mine.detach())
+    conn.quota, conn.slot = b.connections, "slot0"
+    peer.sendall(sent)
+    peer.shutdown(socket.SHUT_WR)
+    hold = b.admit(conn)
+    assert b.connections.held("slot0") == 1  # control: the connection is counted while served
+    b.handle(conn, hold)
+    assert conn.held_at_close == 0
+    assert json.loads(peer.recv(65536))["ok"] is (verdict == "ok")
+    assert json.loads(log.getvalue())["verdict"] == verdict
+
+
 @pytest.mark.parametrize("key", ["max_connections_per_slot", "max_requests_per_slot"])
 def test_the_broker_refuses_to_start_with_a_quota_below_one(key):
     with pytest.raises(ValueError, match="chv_broker_%s must be at least 1, not 0" % key):

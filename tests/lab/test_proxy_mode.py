@@ -1,16 +1,19 @@
-"""Egress by name on real guests (issue 33, docs/network.md "Egress by
-name"): a lab of a bookworm and a trixie guest (baked images; squid comes
-from the Debian mirror, lab_egress) with the lab's resolver stand-in, both
-converged by site.yml in proxy mode. On each, chv-cell audit judges the
-catalog with the EGR cases (and the doors through the proxy); on trixie the
-EGR counter-proofs (the proxy's list widened for one slot, the kernel's
-DNS and direct drops loosened) fail exactly their cases. On bookworm, the
-sync door through the proxy: a task's clone and a cell's pull from an
-allowed git host (a real git server on the lab host) work, and both to a
-denied name are refused before any byte reaches its listener, each with its
-line in the proxy's log. Last, a second converge of the trixie guest in
-proxy mode, every role in full, changes nothing. The names resolve only
-at the stand-in, to the lab host's listeners; nothing leaves the lab."""
+"""Egress by name on a real bookworm guest (issue 33, docs/network.md
+"The catalog in proxy mode"): a lab of one guest (baked image; squid comes
+from the Debian mirror, lab_egress) with the lab's resolver stand-in,
+converged by site.yml in proxy mode. chv-cell audit judges the catalog with
+the EGR cases (and the doors through the proxy), and the EGR counter-proofs
+(the proxy's list widened for one slot, the kernel's DNS and direct drops
+loosened) fail exactly their cases. The sync door through the proxy: a
+task's clone and a cell's pull from an allowed git host (a real git server
+on the lab host) work, and both to a denied name are refused before any
+byte reaches its listener, each with its line in the proxy's log. The
+names resolve only at the stand-in, to the lab host's listeners; nothing
+leaves the lab (tests/helpers/proxy_guests.py). The same audit on trixie,
+and a full converge in proxy mode that changes nothing but what a test
+broke, run on the trixie scenario's guest, which its last converges put in
+proxy mode (molecule/shared/tests/test_faults.py and test_proxy_mode.py):
+a guest and two converges fewer for make test than a trixie guest here."""
 
 import base64
 import json
@@ -19,46 +22,36 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 import gitserver
+import proxy_guests
 from chv_guest.cell import audit, egresslog
 from test_lab import playbook
 from testpaths import ROOT
 
 LAB = "lproxy"
 NETWORK = "10.99.38.0/28"
-HOST = "10.99.38.1"          # the lab host, bookworm guest's side: the listeners
-GUESTS = {"lproxy1": ("bookworm", "10.99.38.2", "10.99.38.1"), "lproxy2": ("trixie", "10.99.38.6", "10.99.38.5")}
-ALLOW_PORT, DENY_PORT, GIT_PORT = 18770, 18771, 18772
-NAMES = {"allowed.chv-lab.test": HOST, "denied.chv-lab.test": HOST, "inside.chv-lab.test": "127.0.0.1",
-         "git.chv-lab.test": HOST}
+HOST = "10.99.38.1"          # the lab host, the guest's side: the listeners
+GUEST, ADDRESS = "lproxy1", "10.99.38.2"
+DENY_PORT, GIT_PORT = proxy_guests.DENY_PORT, 18772
+NAMES = dict(proxy_guests.resolver_names(HOST), **{"git.chv-lab.test": HOST})
 # the lab host's git server (tests/helpers/gitserver.py), by its name; its account's password is this run's
 GIT_URL = "http://git.chv-lab.test:%d/git/proj.git" % GIT_PORT
-DENIED_GIT_URL = "http://denied.chv-lab.test:%d/git/proj.git" % DENY_PORT
+DENIED_GIT_URL = "http://%s:%d/git/proj.git" % (proxy_guests.DENIED, DENY_PORT)
 GIT_PASSWORD = base64.b32encode(os.urandom(15)).decode().lower()
 LAB_VARS = ["lab_name=" + LAB, "lab_network=" + NETWORK, json.dumps({
-    "lab_guests": [{"name": n, "distro": d} for n, (d, _a, _h) in sorted(GUESTS.items())],
-    "lab_egress": True, "lab_resolver_names": NAMES})]
-SITE_VARS = {"chv_cell_egress_mode": "proxy",
-             "cell_nat_egress_names": [{"name": "allowed.chv-lab.test", "port": ALLOW_PORT},
-                                       {"name": "inside.chv-lab.test", "port": 18798},
-                                       {"name": "git.chv-lab.test", "port": GIT_PORT}],
-             # the sync door: both git hosts pass chv-broker's own list, so that the proxy is what refuses
-             "chv_broker_sync_protocols": ["http", "https"],
-             "chv_broker_sync_hosts": ["git.chv-lab.test:%d" % GIT_PORT, "denied.chv-lab.test:%d" % DENY_PORT],
-             "chv_broker_sync_credentials": "http://executor:%s@git.chv-lab.test:%d\n" % (GIT_PASSWORD, GIT_PORT),
-             # the lab host by both guests' links (the plain layer replaces the inventory's per-guest one)
-             "cell_nat_egress_allow": [{"cidr": h + "/32", "comment": "the lab host"} for _d, _a, h in GUESTS.values()]}
+    "lab_guests": [{"name": GUEST, "distro": "bookworm"}], "lab_egress": True, "lab_resolver_names": NAMES})]
+SITE_VARS = dict(proxy_guests.site_vars([{"name": "git.chv-lab.test", "port": GIT_PORT}]), **{
+    # the sync door: both git hosts pass chv-broker's own list, so that the proxy is what refuses
+    "chv_broker_sync_protocols": ["http", "https"],
+    "chv_broker_sync_hosts": ["git.chv-lab.test:%d" % GIT_PORT, "%s:%d" % (proxy_guests.DENIED, DENY_PORT)],
+    "chv_broker_sync_credentials": "http://executor:%s@git.chv-lab.test:%d\n" % (GIT_PASSWORD, GIT_PORT),
+    # the lab host (the plain layer replaces the inventory's per-guest one)
+    "cell_nat_egress_allow": [{"cidr": HOST + "/32", "comment": "the lab host"}]})
 DIR = "/var/lib/chv-fleet-lab/" + LAB
-AUDIT = ("chv-cell audit --json --runs 3 --metadata-stand-in --allow-name allowed.chv-lab.test:%d "
-         "--deny-name denied.chv-lab.test:%d --inside-name inside.chv-lab.test "
-         "--allow-url http://allowed.chv-lab.test:%d/" % (ALLOW_PORT, DENY_PORT, ALLOW_PORT))
-
-
 CLIENT = "/usr/lib/chv-fleet/chv_guest/broker/client.py"
 
 
@@ -91,62 +84,33 @@ def _site_argv(extra):
             DIR + "/inventory.yml", "-e", "@%s" % extra]
 
 
-def _audits(addresses, extra=""):
-    """The audit's JSON report of each guest (run at once, the lab host's
-    listeners up), and the peers that reached the denied name's listener."""
-    out = {}
-    with audit.Listener(HOST, ALLOW_PORT), audit.Listener(HOST, DENY_PORT) as deny:
-        threads = [threading.Thread(target=lambda a=a: out.update({a: ssh(a, AUDIT + extra)})) for a in addresses]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(900)
-        seen = [s["peer"] for s in deny.seen]
-    reports = {}
-    for address in addresses:
-        p = out.get(address)
-        try:
-            reports[address] = json.loads(p.stdout)
-        except (AttributeError, ValueError):
-            raise AssertionError("no report from %s: %s" % (address, p and (p.stdout[-2000:] + p.stderr[-2000:])))
-    return reports, seen
+def _audit(extra=""):
+    """The guest's audit report (tests/helpers/proxy_guests.py) and the peers the denied name's listener saw."""
+    reports, seen = proxy_guests.audits({ADDRESS: lambda cmd: ssh(ADDRESS, cmd)}, HOST, extra)
+    return reports[ADDRESS], seen
 
 
 def test_a_proxy_mode_guest_passes_the_egr_cases_and_the_doors_through_the_proxy(proxy_lab):
-    """Each guest: every case of proxy mode passes beside its control, the
-    EGR ones among them (the allowed name tunnelled and logged; the denied
-    name, the IP literal and the name of the guest's loopback refused and
-    logged; DNS and a direct connection dropped), and the browser door's
-    refusals are the proxy's. The denied name's listener sees the guest's
-    own control connection only: nothing of the cell's attempt reached it."""
-    reports, seen = _audits([a for _d, a, _h in GUESTS.values()])
-    for name, (distro, address, _h) in GUESTS.items():
-        rep = reports[address]
-        cases = dict((c["id"], c) for c in rep["cases"])
-        assert rep["header"]["egress_mode"] == "proxy" and distro in rep["header"]["os"].lower(), rep["header"]
-        assert rep["verdict"] == "passed", [c for c in rep["cases"] if c["verdict"] not in ("pass", "skip")]
-        assert sorted(c for c in cases if c.startswith("EGR")) == ["EGR-0%d" % i for i in range(1, 7)]
-        assert not [c for c in cases if c in ("NET-01", "NET-05", "NET-07", "TEN-06")]
-        assert all(cases["EGR-0%d" % i]["verdict"] == "pass" for i in range(1, 7)), cases
-        assert "refused by the proxy" in cases["BRW-01"]["probe"], cases["BRW-01"]
-        # skipped here: every slot at once (the audit runs without --exclusive) and the pids controller
-        assert sorted(c for c in cases if cases[c]["verdict"] == "skip") == ["LIFE-03", "LIM-02"]
-        assert [peer for peer in seen if peer == address] == [address], seen
-    assert sorted(seen) == sorted(a for _d, a, _h in GUESTS.values()), seen
+    """Every case of proxy mode passes beside its control, the EGR ones
+    among them, and the browser door's refusals are the proxy's; the denied
+    name's listener sees the guest's own control connection only
+    (proxy_guests.check_report)."""
+    rep, seen = _audit()
+    proxy_guests.check_report(rep, "bookworm", ADDRESS, seen)
+    assert seen == [ADDRESS], seen
 
 
 def test_the_egr_counter_proofs_fail_exactly_their_cases(proxy_lab):
-    """trixie: widening the proxy's list for cell A's slot fails EGR-02 and
-    EGR-03 only; accepting the cell's DNS fails EGR-05 only, its direct
-    connection EGR-06 only; the runs before and after pass, and the proxy
-    is back on its own configuration."""
-    address = GUESTS["lproxy2"][1]
-    rep = _audits([address], " --counter-proof --case EGR-02 --case EGR-05 --case EGR-06")[0][address]
+    """Widening the proxy's list for cell A's slot fails EGR-02 and EGR-03
+    only; accepting the cell's DNS fails EGR-05 only, its direct connection
+    EGR-06 only; the runs before and after pass, and the proxy is back on
+    its own configuration."""
+    rep = _audit(" --counter-proof --case EGR-02 --case EGR-05 --case EGR-06")[0]
     got = dict((r["name"], (r["verdict"], r["failed"])) for r in rep["loosenings"])
     assert got == {"EGR-02": ("proven", ["EGR-02", "EGR-03"]), "EGR-05": ("proven", ["EGR-05"]),
                    "EGR-06": ("proven", ["EGR-06"])}, rep["loosenings"]
     assert rep["verdict"] == "proven", rep
-    conf = ssh(address, "ls /etc/chv-fleet/egress-proxy/").stdout
+    conf = ssh(ADDRESS, "ls /etc/chv-fleet/egress-proxy/").stdout
     assert "chv-audit-orig" not in conf, conf
 
 
@@ -157,14 +121,14 @@ def _log_lines(address, since):
 
 
 def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(proxy_lab):
-    """bookworm: a task's clone (before the task's first cell: the slot's
+    """A task's clone (before the task's first cell: the slot's
     gateway is on the guest's loopback for the clone) and a cell's pull
     through chv-broker's sync reach the allowed git host through the proxy;
     the same two to a denied name (allowed by chv-broker's own host list, so
     that the proxy is what refuses) get the proxy's 403, and the denied
     name's listener sees nothing. The proxy's log has a line for each
     attempt, of the task's slot, from its gateway, with its verdict."""
-    address = GUESTS["lproxy1"][1]
+    address = ADDRESS
     server = gitserver.GitServer(address=HOST, port=GIT_PORT, password=GIT_PASSWORD).start()
     try:
         with audit.Listener(HOST, DENY_PORT) as deny:
@@ -208,20 +172,3 @@ def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(proxy_lab):
         assert not re.search(r"\b%s/32\b" % re.escape(gateway), ssh(address, "ip -4 -o addr show dev lo").stdout)
     finally:
         server.stop()
-
-
-def test_a_second_converge_in_proxy_mode_changes_nothing(proxy_lab):
-    """site.yml again on the trixie guest, with the same variables, every
-    role in full (chv_fleet_full_converge: not the fast path, which would
-    skip them on a guest as the last converge left it): changed=0. One
-    guest: the proxy's tasks are the same on both distributions, and a
-    full converge costs make test about two CPU-minutes a guest."""
-    site = subprocess.run(_site_argv(proxy_lab) + ["--limit", "lproxy2", "-e", "chv_fleet_full_converge=true"],
-                          cwd=ROOT, env=dict(os.environ, ANSIBLE_NOCOLOR="1",
-                                             ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary"),
-                          capture_output=True, text=True, timeout=1200, check=False)
-    assert site.returncode == 0, site.stdout[-4000:]
-    recap = dict(re.findall(r"^(lproxy\d)\s+: ok=\d+\s+changed=(\d+)", site.stdout, re.M))
-    assert recap == {"lproxy2": "0"}, site.stdout[-4000:]
-    summary = site.stdout.split("CHV.FLEET SUMMARY", 1)[1]
-    assert re.search(r"^lproxy2: ok, changed=0, .*path: full \(chv_fleet_full_converge", summary, re.M), summary

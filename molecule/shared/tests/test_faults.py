@@ -27,7 +27,11 @@ its message must be the launcher's fail-closed check.
   collector run in between), and after a file of the
   roles is removed and a unit stopped the next run takes the full path and
   repairs exactly those two; the ledger is byte for byte the same
-  throughout.
+  throughout. Those last three converges also switch the guest to proxy
+  mode (egress by name, issue 33; the variables of
+  tests/helpers/proxy_guests.py): the repairing one is thus a full converge
+  in proxy mode that changes nothing else, and test_proxy_mode.py audits
+  the guest in that mode afterwards.
 
 They run after every other test but those that end the guest further
 (ends_the_guest, order 0): the reboot empties /run and the converges leave a
@@ -43,6 +47,7 @@ import time
 
 import pytest
 
+import proxy_guests
 from conftest import CLIENT, CONVERGE, LAB_ROOT, OutsideHTTP, html, inventory_argv, lab_guest, lab_record, \
     only_in, run_converge, unit_value
 
@@ -297,15 +302,17 @@ def test_converges_killed_at_three_points_leave_no_cell_unisolated_and_the_next_
 
     # the next converge completes and loads what the file holds; the one after changes nothing. These
     # three turn chv.fleet.metrics on as well (textfile-only, as the fleet scenario has it): its collector
-    # rewrites its file and counters every run, which must not cost the fast path
+    # rewrites its file and counters every run, which must not cost the fast path; and proxy mode (the
+    # squid install and the doors' switch in the first, a full no-change run of that mode in the last)
     last = dict(second, chv_fleet_metrics_enabled=True, chv_metrics_create_textfile_dir=True,
-                chv_metrics_textfile_dir="/var/lib/chv-fleet-textfile")
+                chv_metrics_textfile_dir="/var/lib/chv-fleet-textfile", **proxy_guests.site_vars())
     proc, recap, changed = run_converge(["-e", json.dumps(last)])
     lap("converge")
     with host.sudo():
         assert host.run("sha256sum --quiet -c %s", LOADED).rc == 0 and RULESET in host.file(LOADED).content_string
         table = host.check_output("nft list table inet chv_cell")
     assert "198.51.100.92" in table and "198.51.100.91" not in table, table
+    assert '"drop_proxy_mode"' in table, table  # the switch to proxy mode took
     with host.sudo():
         assert not host.file(MARKER).exists  # chv-broker has started since its configuration changed
     # (it ended with site.yml's health gate: chv-cell health from a real cell, healthy)

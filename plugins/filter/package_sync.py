@@ -8,9 +8,12 @@ up each role's part of it.
 
 Each role installs its part of the chv_guest package with one ``find`` of
 the installed directories (checksums, modes, owners: a single module run)
-and copies only the files package_sync names. A re-run that changes
-nothing costs one module run per package instead of two per file.
-Documentation lives beside this file (package_sync.yml, guest_tree.yml)."""
+and writes only the files package_sync names, all of them in one
+chv.fleet.files run (package_files: the entries, contents read here on the
+controller). A re-run that changes nothing costs one module run per
+package, a fresh host one more (not two per file, as a copy loop would).
+Documentation lives beside this file (package_sync.yml, package_files.yml,
+guest_tree.yml)."""
 
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
@@ -101,6 +104,28 @@ def package_sync(sources, installed, uid=0, gid=0, root=None, retired=()):
     return {'install': install, 'remove': (sorted(retired) if install else []) + remove}
 
 
+def package_files(install, root, owner='root', group='root'):
+    """The chv.fleet.files entries that write package_sync's ``install``
+    list under ``root``: each file's content (the source read here, UTF-8
+    text, byte for byte), its mode, ``owner`` and ``group``."""
+    if not isinstance(install, list) or not isinstance(root, str) or not root.startswith('/'):
+        raise AnsibleFilterError('chv.fleet.package_files: expects package_sync\'s install list and an absolute '
+                                 'directory, got %r and %r' % (type(install).__name__, root))
+    entries = []
+    for item in install:
+        if not isinstance(item, dict) or not set(('src', 'name', 'mode')) <= set(item):
+            raise AnsibleFilterError('chv.fleet.package_files: %r is not an entry of package_sync\'s install list'
+                                     % (item,))
+        try:
+            with open(item['src'], 'rb') as handle:
+                content = handle.read().decode('utf-8')
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AnsibleFilterError('chv.fleet.package_files: cannot read %s as UTF-8 text: %s' % (item['src'], exc))
+        entries.append({'dest': os.path.join(root.rstrip('/') or '/', item['name']), 'content': content,
+                        'mode': item['mode'], 'owner': owner, 'group': group})
+    return entries
+
+
 def guest_tree(role, root):
     """What ``role`` installs from src/ (GUEST_TREE) when its install
     directory on the host is ``root``: ``sources`` (``{'src', 'name'}``,
@@ -132,4 +157,4 @@ def guest_tree(role, root):
 
 class FilterModule(object):
     def filters(self):
-        return {'package_sync': package_sync, 'guest_tree': guest_tree}
+        return {'package_sync': package_sync, 'package_files': package_files, 'guest_tree': guest_tree}

@@ -4,13 +4,14 @@ ansible.builtin.find itself (the module the roles run)."""
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.chv.fleet.plugins.filter.package_sync import GUEST_TREE, SRC, guest_tree, package_sync
+from ansible_collections.chv.fleet.plugins.filter.package_sync import GUEST_TREE, SRC, guest_tree, package_files, package_sync
 
 
 def _entry(path, data, mode="0644", uid=0, gid=0):
@@ -176,3 +177,40 @@ def test_every_file_of_src_belongs_to_a_role_and_no_service_gets_the_others():
 def test_guest_tree_refuses_bad_input_naming_it(role, root, needle):
     with pytest.raises(AnsibleFilterError, match=needle):
         guest_tree(role, root)
+
+
+def test_package_files_writes_each_listed_file_byte_for_byte_under_the_root(sources):
+    install = package_sync(sources, [_entry("/d/a.py", b"A = 1\n")], root="/d")["install"]
+    assert [i["name"] for i in install] == ["run.py"]                       # the control: one file differs
+    assert package_files(install, "/usr/lib/x/", group="wheel") == [
+        {"dest": "/usr/lib/x/run.py", "content": "#!/usr/bin/python3\nprint(1)\n", "mode": "0755",
+         "owner": "root", "group": "wheel"}]
+    assert package_files([], "/usr/lib/x") == []
+
+
+def test_package_files_of_the_guest_tree_are_every_source_with_its_text(tmp_path):
+    tree = guest_tree("broker", "/usr/lib/chv-fleet")
+    entries = package_files(package_sync(tree["sources"], [], root="/usr/lib/chv-fleet")["install"],
+                            "/usr/lib/chv-fleet")
+    assert sorted(e["dest"] for e in entries) == sorted("/usr/lib/chv-fleet/" + s["name"] for s in tree["sources"])
+    for e, s in zip(entries, sorted(tree["sources"], key=lambda s: s["name"])):
+        with open(s["src"], "rb") as fh:
+            assert e["content"].encode("utf-8") == fh.read()
+
+
+@pytest.mark.parametrize("install,root,needle", [
+    ("a.py", "/d", "expects package_sync's install list"),
+    ([], "d", "expects package_sync's install list"),
+    ([{"src": "/x"}], "/d", "is not an entry of package_sync's install list"),
+    ([{"src": "/nonexistent/a.py", "name": "a.py", "mode": "0644"}], "/d", "cannot read /nonexistent/a.py"),
+])
+def test_package_files_refuses_what_it_cannot_write(install, root, needle):
+    with pytest.raises(AnsibleFilterError, match=re.escape(needle)):
+        package_files(install, root)
+
+
+def test_package_files_refuses_a_file_that_is_not_utf8(tmp_path):
+    binary = tmp_path / "blob.py"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(AnsibleFilterError, match="cannot read %s as UTF-8 text" % re.escape(str(binary))):
+        package_files([{"src": str(binary), "name": "blob.py", "mode": "0644"}], "/d")

@@ -152,7 +152,7 @@ $(PROMTOOL):
 	test -x $@
 
 units: venv $(PROMTOOL)
-	cd $(ROOT) && CHV_PROMTOOL=$(PROMTOOL) $(VENV)/bin/python -m pytest tests/unit -q -rfEs -p no:cacheprovider
+	cd $(ROOT) && CHV_PROMTOOL=$(PROMTOOL) $(VENV)/bin/python -m pytest tests/unit -q -rfEs -p no:cacheprovider --durations=10
 
 # tests/integration/<suite>: real kernel objects on this machine, as root.
 #   cells:   the chv-cell launcher running real systemd-nspawn cells
@@ -161,11 +161,11 @@ units: venv $(PROMTOOL)
 #   browser: chv-browser driving Debian's chromium through Playwright
 #   playbooks: site.yml's rollout keywords on throwaway inventories (check mode)
 integration-cells integration-netns integration-broker integration-playbooks: venv sysdeps
-	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/integration/$(@:integration-%=%) -q -rfEs -p no:cacheprovider
+	cd $(ROOT) && $(VENV)/bin/python -m pytest tests/integration/$(@:integration-%=%) -q -rfEs -p no:cacheprovider --durations=10
 
 integration-browser: venv browser-venv sysdeps
 	cd $(ROOT) && CHV_BROWSER_PYTHON=$(BROWSER_VENV)/bin/python $(VENV)/bin/python -m pytest tests/integration/browser \
-	  -q -rfEs -p no:cacheprovider
+	  -q -rfEs -p no:cacheprovider --durations=10
 
 integration: $(INTEGRATION:%=integration-%)
 

@@ -217,9 +217,8 @@ def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(t
             with guest(name).sudo():
                 guest(name).run("touch %s/.busy-go; sleep 1; systemctl stop %s; rm -f %s/.busy-go; chv-cell uncordon",
                                 workspace[name], BUSY_UNIT, workspace[name])
-        # the broker's configuration as the converge left it, where the run could change it (guest-b, skipped
-        # as unreachable, kept the converge's)
-        run_converge(["--tags", "broker", "--limit", ",".join(busy)], whole=True)
+        # guest-a and guest-c keep the rollout's broker setting (read_timeout 31): no later test reads it, and
+        # a converge to put it back cost make test's longest lane a minute
 
 
 def test_a_bad_value_on_the_last_guest_stops_the_run_before_the_canary_changes(tmp_path):

@@ -27,13 +27,14 @@ PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 COLLECTIONS = Path(cell_nat.__file__).parents[5]     # .../<root>/ansible_collections/chv/fleet/plugins/module_utils
 
 
-def playbook(lab, tmp_path, text, *args):
+def playbook(lab, tmp_path, text, *args, wrap=()):
+    """ansible-playbook on ``text`` in the lab's guest namespace (under the ``wrap`` command, if any)."""
     path = tmp_path / "play.yml"
     path.write_text(text)
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "local"), ANSIBLE_REMOTE_TEMP=str(tmp_path / "remote"),
                ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_STDOUT_CALLBACK="default")
-    cmd = ["ip", "netns", "exec", lab.guest, str(PLAYBOOK), "-i", "localhost,", "-c", "local",
+    cmd = ["ip", "netns", "exec", lab.guest] + list(wrap) + [str(PLAYBOOK), "-i", "localhost,", "-c", "local",
            "-e", "ansible_python_interpreter=%s" % sys.executable, str(path)] + list(args)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
 
@@ -221,3 +222,51 @@ def test_bad_names_and_modes_fail_before_any_change(lab, tmp_path):
     assert outcomes[5]["msg"].startswith('cell_nat_proxy_log_dir: "/srv/proxy-logs" must be a directory under /var/log')
     assert outcomes[6]["task"] == "Refuse to continue beside firewall chains that may drop cell traffic (cell_nat_strict)"
     assert not (tmp_path / "etc").exists() and not (tmp_path / "sysctl.conf").exists()
+
+
+RESOLVERS = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Gather the facts the checks read
+      ansible.builtin.setup:
+        gather_subset: [min]
+    - name: The role's checks (they read the guest's resolvers)
+      ansible.builtin.include_role:
+        name: chv.fleet.cell_nat
+        tasks_from: checks
+        public: true  # the role's variables (__cell_nat_dns_resolvers) for the next task
+      vars:
+        cell_nat_slots: {slots}
+    - name: Keep what they found
+      ansible.builtin.copy:
+        content: "{{{{ {{'resolvers': __cell_nat_dns_resolvers, 'ruleset': __cell_nat_info.ruleset.dns_resolvers,
+                       'second_read': __cell_nat_resolved_read is not skipped}} | to_json }}}}"
+        dest: {tmp}/resolvers.json
+        mode: "0600"
+"""
+
+
+@pytest.mark.parametrize("etc,found,second", [
+    # a systemd-resolved stub: the upstream list is read as well, and is what cells get (the launcher's rule)
+    ("nameserver 127.0.0.53\noptions edns0\n", ["198.20.9.7"], True),
+    # control: a usable resolver in /etc/resolv.conf: that one, and the upstream file is not read at all
+    ("nameserver 198.20.9.6 # the guest's own\n", ["198.20.9.6"], False),
+])
+def test_the_resolvers_cells_get_are_read_as_the_launcher_reads_them(lab, tmp_path, etc, found, second):
+    """The role's checks read /etc/resolv.conf, and systemd-resolved's
+    upstream list only when it names no resolver a cell can use (one module
+    run instead of two on most guests); the ruleset's DNS resolvers are the
+    launcher's choice either way. Both files are this test's own, bound over
+    the machine's in a mount namespace of the playbook's (unshare)."""
+    (tmp_path / "etc.conf").write_text(etc)
+    (tmp_path / "upstream.conf").write_text("nameserver 198.20.9.7\n")
+    text = RESOLVERS.format(slots=json.dumps(lab.slots), tmp=tmp_path)
+    binds = ("mkdir -p /run/systemd/resolve && touch /run/systemd/resolve/resolv.conf && "
+             "mount --bind {t}/etc.conf /etc/resolv.conf && mount --bind {t}/upstream.conf "
+             "/run/systemd/resolve/resolv.conf && exec \"$@\"").format(t=tmp_path)
+    proc = playbook(lab, tmp_path, text, wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c", binds,
+                                               "sh"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads((tmp_path / "resolvers.json").read_text())
+    assert got == {"resolvers": found, "ruleset": found, "second_read": second}, got

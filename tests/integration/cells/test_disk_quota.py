@@ -209,7 +209,8 @@ def test_control_without_quota_the_write_fills_the_root(env):
         r = run(env["policy"]["none"], "slot1", 150 * MIB)
         # what the root file system gave the cell's files: their allocated blocks on its device (noise-free,
         # unlike the root's free space, which the other work on this machine moves meanwhile)
-        held = [(os.stat(p).st_dev, os.stat(p).st_blocks * 512) for p in big_files(env, "slot1")]
+        # (lstat: a link the cell left is not followed; one call per file)
+        held = [(st.st_dev, st.st_blocks * 512) for st in map(os.lstat, big_files(env, "slot1"))]
     finally:
         remove(big_files(env, "slot1"))
     assert r.returncode == 42, r.stderr

@@ -184,6 +184,9 @@ DRY = {
     "ansible-playbook site.yml -i fleet/ --check --diff":
         "check mode on a converged guest, reporting no change: molecule/shared/tests/test_rollout.py (trixie); "
         "on a fresh guest: tests/lab/test_site_bad_input.py",
+    "ansible-playbook chv.fleet_lab.lab_up -e ...": "the playbook named by the lab collection (FQCN): the listing "
+                                                    "loads it; a second lab_up that changes nothing: "
+                                                    "tests/lab/test_site_bad_input.py",
 }
 
 

@@ -81,7 +81,7 @@ def keep_reports(name, files):
             fh.write(text)
 
 
-def run_audit(host, counter_proof, runs=20):
+def run_audit(host, counter_proof, runs=5):
     """chv-cell audit on ``host`` as the catalog tests run it: (exit code,
     report, counter-proof report or None, the report files)."""
     lab = lab_guest(host)["host_address"]

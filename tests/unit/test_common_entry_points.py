@@ -14,18 +14,10 @@ import os
 
 import yaml
 
+from task_walk import walk_tasks
 from testpaths import ROOT
 
 ROLE_ACTIONS = ("include_role", "import_role")
-
-
-def _tasks(items):
-    for task in items or []:
-        if not isinstance(task, dict):
-            continue
-        yield task
-        for key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
-            yield from _tasks(task.get(key))
 
 
 def role_calls(role):
@@ -35,7 +27,7 @@ def role_calls(role):
                    + glob.glob(os.path.join(ROOT, "playbooks", "tasks", "*.yml")))
     for path in files:
         with open(path, encoding="utf-8") as fh:
-            for task in _tasks(yaml.safe_load(fh)):
+            for task in walk_tasks(yaml.safe_load(fh)):
                 for key, args in task.items():
                     if key.split(".")[-1] in ROLE_ACTIONS and isinstance(args, dict) \
                             and args.get("name") == "chv.fleet.%s" % role:
@@ -99,7 +91,7 @@ def test_the_roles_validate_entry_points_have_no_options_and_are_called_without_
               and "tasks_from" not in args]
     assert len(deploy) == 5 and all(a.get("rolespec_validate") is False for a in deploy), deploy
     with open(os.path.join(ROOT, "playbooks", "validate.yml"), encoding="utf-8") as fh:
-        validate = [args for task in _tasks(yaml.safe_load(fh)) for key, args in task.items()
+        validate = [args for task in walk_tasks(yaml.safe_load(fh)) for key, args in task.items()
                     if key.split(".")[-1] == "include_role" and isinstance(args, dict)
                     and args.get("tasks_from") == "validate"]
     assert len(validate) == 1 and validate[0].get("rolespec_validate") is False, validate

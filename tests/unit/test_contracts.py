@@ -32,6 +32,7 @@ from ansible_collections.chv.fleet.plugins.module_utils import cell_nat as cn
 from ansible_collections.chv.fleet_lab.plugins.module_utils import lab
 
 from role_defaults import role_defaults
+from task_walk import walk_tasks
 from testpaths import LAB_ROLE, ROOT
 
 ROLES = os.path.join(ROOT, "roles")
@@ -398,17 +399,12 @@ def test_lab_bakes_exactly_what_the_roles_install():
 def masked_by_tasks(role):
     """The unit names the role's task files mask (systemd_service with masked: true), blocks included."""
     out = set()
-
-    def walk(tasks):
-        for task in tasks or []:
-            for key in ("block", "rescue", "always"):
-                walk(task.get(key))
+    tasks_dir = os.path.join(ROLES, role, "tasks")
+    for name in os.listdir(tasks_dir):
+        for task in walk_tasks(yaml_file(os.path.join(tasks_dir, name))):
             mod = task.get("ansible.builtin.systemd_service") or task.get("ansible.builtin.systemd") or {}
             if isinstance(mod, dict) and mod.get("masked") is True:
                 out.add(mod["name"])
-    tasks_dir = os.path.join(ROLES, role, "tasks")
-    for name in os.listdir(tasks_dir):
-        walk(yaml_file(os.path.join(tasks_dir, name)))
     return out
 
 

@@ -95,3 +95,11 @@ def test_the_roles_validate_entry_points_have_no_options_and_are_called_without_
                     if key.split(".")[-1] == "include_role" and isinstance(args, dict)
                     and args.get("tasks_from") == "validate"]
     assert len(validate) == 1 and validate[0].get("rolespec_validate") is False, validate
+    # ... and with _common_spec_checked: true, as the task before it applies every role's main spec
+    # (chv.fleet.spec_errors) to the same roles (the list the include loops over)
+    with open(os.path.join(ROOT, "playbooks", "validate.yml"), encoding="utf-8") as fh:
+        tasks = list(walk_tasks(yaml.safe_load(fh)))
+    include = [t for t in tasks if (t.get("ansible.builtin.include_role") or {}).get("tasks_from") == "validate"][0]
+    assert include["vars"]["_common_spec_checked"] is True and include["loop"] == "{{ __chv_fleet_roles }}", include
+    before = tasks[:tasks.index(include)]
+    assert [t for t in before if "chv.fleet.spec_errors(__chv_fleet_roles)" in str(t.get("vars"))], before

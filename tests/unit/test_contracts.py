@@ -18,6 +18,7 @@
    that role's `owned` masked_units, which playbooks/remove.yml unmasks.
 """
 import ipaddress
+import json
 import os
 import re
 import sys
@@ -58,17 +59,22 @@ _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+")
 
 
 def role_ifname_prefix_check():
-    """The cell_runtime role's check of chv_cell_ifname_prefix (tasks/checks.yml), a Jinja expression."""
+    """The cell_runtime role's check of chv_cell_ifname_prefix (tasks/checks.yml): the template of its
+    list of messages, empty when the prefix passes."""
     with open(os.path.join(ROLES, "cell_runtime", "tasks", "checks.yml"), encoding="utf-8") as fh:
         tasks = yaml.safe_load(fh)
-    found = [cond for task in tasks for cond in task.get("ansible.builtin.assert", {}).get("that", [])
-             if "chv_cell_ifname_prefix" in cond]
+    found = [task["vars"]["__cell_runtime_ifname_errors"] for task in tasks
+             if "__cell_runtime_ifname_errors" in task.get("vars", {})]
     assert len(found) == 1, found
     return found[0]
 
 
 def role_accepts_ifname_prefix(prefix):
-    return bool(jinja2.Environment().compile_expression(role_ifname_prefix_check())(chv_cell_ifname_prefix=prefix))
+    env = jinja2.Environment()
+    env.filters["to_json"] = json.dumps
+    errors = env.from_string(role_ifname_prefix_check()).render(chv_cell_ifname_prefix=prefix)
+    assert errors == "[]" or "leaves no room for the slot index" in errors, errors
+    return errors == "[]"
 
 
 def consumer_errors(settings, records):

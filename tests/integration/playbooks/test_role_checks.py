@@ -28,7 +28,8 @@ BAD = {"cell_runtime": ("chv_cell_claim_timeout", "soon", 45),
        "browser": ("chv_browser_idle_timeout", "soon", 120)}
 SPEC_TASK = "Check the variables against the main entry point's argument spec"
 # a check the spec cannot express, of each role (tasks/checks.yml): main runs them, as validate does
-CHECKS = {"cell_runtime": "Check the slot settings",
+CHECKS = {"cell_runtime": "Check the cells' settings (slots, chv_cell_ifname_prefix, host paths, apt pins, layered lists, "
+                          "fail-closed settings, agent user, cell policy)",
           "cell_nat": "Validate the policy, discover the uplink and list foreign firewall chains",
           "broker": "Check semantic constraints the argument spec cannot express",
           "browser": "Check semantic constraints the argument spec cannot express"}

@@ -96,6 +96,22 @@ def test_unreachable_hosts_within_the_allowance_are_skipped_and_reported(tmp_pat
     assert re.search(r"^h1: unsupported, skipped, changed=0$", summary, re.M), summary
 
 
+def test_an_unsupported_host_is_skipped_saying_why_and_fails_with_chv_fleet_strict(tmp_path):
+    # this machine has no systemd (PID 1): every host is unsupported (tasks/skip_host.yml)
+    proc, out = site(tmp_path)
+    assert proc.returncode == 0, out[-3000:]
+    why = "chv.fleet cells need a Linux host managed by systemd or a macOS host (launchd)"
+    assert re.search(r"h1: %s, this one has system=Linux service_mgr=\S+; skipped, nothing changed "
+                     r"\(chv_fleet_strict=true fails instead\)" % re.escape(why), out), out[-3000:]
+    assert all(recap(out)[h]["failed"] == 0 for h in ("h1", "h2", "h3")), out[-3000:]
+    # chv_fleet_strict: the same hosts fail, with the same reason
+    proc, out = site(tmp_path, extra={"chv_fleet_strict": True})
+    assert proc.returncode != 0, out[-3000:]
+    assert all(recap(out)[h]["failed"] == 1 for h in ("h1", "h2", "h3")), out[-3000:]
+    assert [m for m in out.splitlines() if m.startswith("fatal: [h1]") and why in m], out[-3000:]
+    assert batches(out) == [], out[-3000:]
+
+
 def test_more_unreachable_hosts_than_the_allowance_stop_the_run_before_any_change(tmp_path):
     # the default allowance, 5 %: none of three hosts
     proc, out = site(tmp_path, host_vars={"h2": DEAD})

@@ -41,7 +41,7 @@ exec "$@"' {fake} {python} "$@"
 HOSTS = ("h1", "h2", "h3")
 
 
-def site(tmp_path, last_host_vars, playbook="site.yml", more_hosts=None):
+def site(tmp_path, last_host_vars, playbook="site.yml", more_hosts=None, host_vars=None):
     fake = tmp_path / "fake"
     fake.mkdir(exist_ok=True)
     (fake / "comm").write_text("systemd\n")
@@ -50,6 +50,8 @@ def site(tmp_path, last_host_vars, playbook="site.yml", more_hosts=None):
     wrapper.chmod(0o755)
     hosts = dict((h, {"ansible_connection": "local", "ansible_python_interpreter": str(wrapper)}) for h in HOSTS)
     hosts[HOSTS[-1]].update(last_host_vars)
+    for host, values in (host_vars or {}).items():
+        hosts[host].update(values)
     hosts.update(more_hosts or {})
     (tmp_path / "inventory.yml").write_text(json.dumps({"all": {"children": {"chv_fleet": {"hosts": hosts}}}}))
     proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
@@ -109,3 +111,20 @@ def test_the_fleet_check_looks_at_every_host_and_names_each(tmp_path):
     # control: site.yml with the same hosts stops at the validation (h4 alone is over the allowance)
     proc, out = site(tmp_path, {}, more_hosts=dead)
     assert proc.returncode != 0 and DEPLOY_PLAY not in out, out[-3000:]
+
+
+def test_hosts_whose_cell_pools_overlap_fail_naming_each_other_from_one_read_of_the_pools(tmp_path):
+    # h1 and h3 overlap, h2 overlaps neither
+    pools = {"h1": {"chv_cell_pool": "10.210.0.0/16"}, "h2": {"chv_cell_pool": "10.211.0.0/16"}}
+    proc, out = site(tmp_path, {"chv_cell_pool": "10.210.128.0/17"}, host_vars=pools)
+    assert proc.returncode != 0 and DEPLOY_PLAY not in out, out[-3000:]
+    failed = dict(re.findall(r"^fatal: \[([\w-]+)\]: FAILED! => (.*)$", out, re.M))
+    assert sorted(failed) == ["h1", "h3"], failed
+    assert "h1: chv_cell_pool 10.210.0.0/16 overlaps h3's chv_cell_pool 10.210.128.0/17" in failed["h1"], failed
+    assert "h3: chv_cell_pool 10.210.128.0/17 overlaps h1's chv_cell_pool 10.210.0.0/16" in failed["h3"], failed
+    # every host's pool was read and the pairs compared once for the run (run_once), not by each host
+    read = out.split("TASK [Read every targeted host's cell pool", 1)[1].split("TASK [", 1)[0]
+    assert re.findall(r"^ok: \[([\w-]+)\]", read, re.M) == ["h1"], read
+    # control: the same hosts with disjoint pools pass every check
+    proc, out = site(tmp_path, {"chv_cell_pool": "10.212.0.0/16"}, host_vars=pools)
+    assert proc.returncode == 0, out[-3000:]

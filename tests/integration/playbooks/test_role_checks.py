@@ -111,3 +111,46 @@ def test_main_checks_its_spec_once(tmp_path):
         assert not [t for t in tasks if t.startswith(SPEC_TASK)], tasks
         # control: the checks main shares with the validate entry point are listed, once
         assert tasks.count(CHECKS[role]) == 1, tasks
+
+
+# cell_runtime's checks are one task (tasks/checks.yml), each check a list of messages taken in order
+# until one fails: a bad value for each check, its message (naming the variable and the value), and a
+# case with two bad values that reports the first check's only
+CELL_CHECKS = {
+    "slot": ({"chv_cell_slots": 0}, "chv_cell_slots 0 must be a count >= 1 or a non-empty list"),
+    "ifname": ({"chv_cell_ifname_prefix": "averyveryverylongprefix"},
+               'chv_cell_ifname_prefix "averyveryverylongprefix" leaves no room for the slot index'),
+    "path": ({"chv_cell_ledger": "var/ledger.json"}, 'chv_cell_ledger "var/ledger.json" must be absolute'),
+    "apt_pin": ({"chv_cell_apt_pins": [{"package": "Bad Name", "version": "1"}]},
+                'chv_cell_apt_pins entries need a Debian package name and a version pattern'),
+    "list": ({"chv_cell_syscall_deny": ["@raw-io"]}, 'chv_cell_syscall_deny* entries are bare syscall names'),
+    "fail_closed": ({"chv_cell_task_ttl": 0}, "chv_cell_task_ttl (0) is 1 to 604800 seconds"),
+    "agent": ({"chv_cell_agent_home": "/home/a b"},
+              "chv_cell_agent_home (\"/home/a b\") and every chv_cell_workspace_aliases entry"),
+    "policy": ({"chv_cell_workspace_root": "var/lib/chv-fleet/workspaces"},
+               "chv_cell_workspace_root: 'var/lib/chv-fleet/workspaces' must be an absolute normalised path"),
+    "first": ({"chv_cell_slots": 0, "chv_cell_agent_home": "/home/a b"}, "chv_cell_slots 0 must be a count"),
+}
+
+
+@pytest.fixture(scope="module")
+def cell_outcomes(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("cell_checks")
+    cases = "".join(CASE.format(role="cell_runtime", kind=kind, vars=json.dumps(values))
+                    for kind, (values, _needle) in sorted(CELL_CHECKS.items()))
+    cases += CASE.format(role="cell_runtime", kind="good", vars=json.dumps({}))
+    proc = ansible_playbook(tmp_path, PLAYBOOK.format(cases=cases, out=tmp_path / "outcomes.json"), "--check")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return json.loads((tmp_path / "outcomes.json").read_text())
+
+
+@pytest.mark.parametrize("kind", sorted(CELL_CHECKS))
+def test_each_cell_runtime_check_names_its_variable(cell_outcomes, kind):
+    failed = cell_outcomes["cell_runtime %s" % kind]
+    assert failed != "passed" and failed["task"].startswith("Check the cells' settings"), failed
+    assert CELL_CHECKS[kind][1] in failed["msg"], failed
+    assert "\\" not in failed["msg"], failed  # no escape left over from the template's string literals
+    if kind == "first":
+        assert "chv_cell_agent_home" not in failed["msg"], failed
+    # control: the same entry point with the role's values passes every check
+    assert cell_outcomes["cell_runtime good"] == "passed"

@@ -128,3 +128,15 @@ def test_hosts_whose_cell_pools_overlap_fail_naming_each_other_from_one_read_of_
     # control: the same hosts with disjoint pools pass every check
     proc, out = site(tmp_path, {"chv_cell_pool": "10.212.0.0/16"}, host_vars=pools)
     assert proc.returncode == 0, out[-3000:]
+
+
+def test_a_health_gate_destination_that_is_no_host_port_fails_naming_it(tmp_path):
+    proc, out = site(tmp_path, {"chv_fleet_health_allow": ["pypi.org"]})
+    assert proc.returncode != 0 and DEPLOY_PLAY not in out, out[-3000:]
+    failed = dict(re.findall(r"^fatal: \[([\w-]+)\]: FAILED! => (.*)$", out, re.M))
+    assert sorted(failed) == ["h3"], failed
+    assert ('chv_fleet_health_allow must be a list of HOST:PORT or [IPv6]:PORT strings, got [\\"pypi.org\\"]'
+            in failed["h3"]), failed
+    # control: the same destination with its port passes every check
+    proc, out = site(tmp_path, {"chv_fleet_health_allow": ["pypi.org:443"]})
+    assert proc.returncode == 0, out[-3000:]

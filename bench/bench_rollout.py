@@ -19,7 +19,9 @@ configuration (the fast no-change runs REPEATS times):
      file PUT with it on, one with it off). Then the same two no-change runs
      on 1 guest with Mitogen for Ansible (PyPI mitogen, installed into
      build/bench/mitogen, strategy mitogen_linear) and on 4 guests with the
-     free strategy;
+     free strategy, each rolling out a copy of the tree without the plays'
+     `strategy: linear` pin (unpinned_source()), its full run first (which
+     records the copy's stamp for the fast run to compare);
   3. the per-task profile of the 1-guest fast no-change re-run,
      from bench/callback_plugins/bench_task_times.py (enabled through
      ANSIBLE_CALLBACK_PLUGINS / ANSIBLE_CALLBACKS_ENABLED for these runs
@@ -103,11 +105,46 @@ def snapshot_head():
     SOURCE.update({'tree': tree, 'collections': collections, 'what': 'a clean export of HEAD'})
 
 
+# The collection's plays pin `strategy: linear` (playbooks/validate.yml says
+# why): ANSIBLE_STRATEGY alone would not take effect. The Mitogen and free
+# runs roll out a copy of the tree with that one line removed from each play,
+# to measure what the strategy would save.
+PIN = re.compile(r'^  strategy: linear\n', re.M)
+
+
+def unpinned_source():
+    """A copy of SOURCE's tree (LOG_DIR/unpinned) without the plays' strategy pin, with a collections path of its own."""
+    base = os.path.join(LOG_DIR, 'unpinned')
+    tree, collections = os.path.join(base, 'tree'), os.path.join(base, 'collections')
+    shutil.rmtree(base, ignore_errors=True)
+    shutil.copytree(SOURCE['tree'], tree, symlinks=True, ignore=shutil.ignore_patterns('.git', 'build', '.venv*'))
+    removed = 0
+    playbooks = os.path.join(tree, 'playbooks')
+    for name in sorted(os.listdir(playbooks)):
+        if name.endswith('.yml'):
+            with open(os.path.join(playbooks, name)) as handle:
+                text, count = PIN.subn('', handle.read())
+            with open(os.path.join(playbooks, name), 'w') as handle:
+                handle.write(text)
+            removed += count
+    if not removed:
+        raise RuntimeError('no play of %s pins strategy: linear: the unpinned copy would equal the tree' % playbooks)
+    os.makedirs(os.path.join(collections, 'ansible_collections', 'chv'))
+    os.symlink(tree, os.path.join(collections, 'ansible_collections', 'chv', 'fleet'))
+    os.symlink(os.path.join(tree, 'lab'), os.path.join(collections, 'ansible_collections', 'chv', 'fleet_lab'))
+    return {'tree': tree, 'collections': collections}
+
+
+def source(strategy=None):
+    """The tree a run rolls out: the unpinned copy for a run with a strategy of its own."""
+    return SOURCE['unpinned'] if strategy else SOURCE
+
+
 def ansible_env(profile=None, strategy=None):
     env = dict(os.environ)
     env.update({
-        'ANSIBLE_COLLECTIONS_PATH': SOURCE['collections'],
-        'ANSIBLE_ROLES_PATH': os.path.join(SOURCE['tree'], 'roles'),
+        'ANSIBLE_COLLECTIONS_PATH': source(strategy)['collections'],
+        'ANSIBLE_ROLES_PATH': os.path.join(source(strategy)['tree'], 'roles'),
         'ANSIBLE_NOCOLOR': '1',
         'ANSIBLE_FORCE_COLOR': '0',
         'PATH': VENV_BIN + os.pathsep + os.environ.get('PATH', ''),
@@ -170,7 +207,7 @@ def run(label, argv, profile=False, strategy=None, quiet=False):
     cpu0, kids0, start = machine_cpu_seconds(), children_cpu_seconds(), time.monotonic()
     with open(log, 'w') as out:
         try:
-            proc = subprocess.run(argv, cwd=SOURCE['tree'], env=ansible_env(times, strategy), stdout=out,
+            proc = subprocess.run(argv, cwd=source(strategy)['tree'], env=ansible_env(times, strategy), stdout=out,
                                   stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT, check=False)
             rc = proc.returncode
@@ -332,7 +369,8 @@ def build_rows(r):
                       for x in (full1, full4) + tuple(y for f in (fast1, fast4, fast8) if f for y in f.get('repeats', [f])))
          and fast8 else 'missed: NOT a no-change run where it is not 0'),
     ]
-    for key, label, hosts in (('mitogen', 'Mitogen (mitogen_linear)', '1 guest'), ('free', 'strategy free', '4 guests')):
+    for key, label, hosts in (('mitogen', 'Mitogen (mitogen_linear, the plays unpinned)', '1 guest'),
+                               ('free', 'strategy free (the plays unpinned)', '4 guests')):
         full, fast = r.get(key + '-full'), r.get(key + '-fast')
         base_full, base_fast = (full1, fast1) if key == 'mitogen' else (full4, fast4)
         rows.append(('%s, no-change re-run full / fast, %s (linear: %s / %s)' % (label, hosts, fmt_s(base_full), fmt_s(base_fast)),
@@ -391,7 +429,7 @@ RUNS = [('converge-1', 'one', (), None), ('converge-4', 'four', (), None), ('con
         ('fast-4', 'four', ('-vvv',), None), ('fast-8', 'eight', ('-vvv',), None),
         ('full-4', 'four', ('-vvv',) + tuple(FULL), None),
         ('mitogen-full', 'one', ('-vvv',) + tuple(FULL), 'mitogen_linear'), ('mitogen-fast', 'one', ('-vvv',), 'mitogen_linear'),
-        ('free-fast', 'four', ('-vvv',), 'free'), ('free-full', 'four', ('-vvv',) + tuple(FULL), 'free')]
+        ('free-full', 'four', ('-vvv',) + tuple(FULL), 'free'), ('free-fast', 'four', ('-vvv',), 'free')]
 RUN_ORDER = [key for key, _, _, _ in RUNS]
 
 
@@ -466,6 +504,7 @@ def main():
         snapshot_head()
         info['dirty'] = 0
     info['source'] = SOURCE['what']
+    SOURCE['unpinned'] = unpinned_source()
     print('rollout benchmark: lab %s (%d guests, %s), logs in %s' % (LAB, COUNT, NETWORK, os.path.relpath(LOG_DIR, ROOT)), flush=True)
     r, probe, lab, errors = {}, {}, {}, []
     playbook = os.path.join(VENV_BIN, 'ansible-playbook')

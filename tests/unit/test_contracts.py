@@ -423,3 +423,27 @@ def test_the_uninstall_unmasks_every_unit_a_role_masks():
         assert units <= set(owned.get("masked_units", [])), (role, units, owned.get("masked_units"))
     with open(os.path.join(ROOT, "playbooks", "remove.yml"), encoding="utf-8") as fh:
         assert "map(attribute='masked_units'" in fh.read()
+
+
+# -------------------------------------------------- 5. the fleet plays run linear, whatever ansible.cfg says
+
+def test_every_play_of_the_collection_pins_the_linear_strategy():
+    """The failure thresholds of site.yml, remove.yml, audit.yml and check.yml
+    (max_fail_percentage, any_errors_fatal) hold only under the linear
+    strategy (ansible-core's free strategy ignores both, with a warning):
+    every play of playbooks/ sets `strategy: linear`, so that `strategy` in
+    ansible.cfg or ANSIBLE_STRATEGY cannot turn them off
+    (molecule/shared/tests/test_fleet.py runs the bad-value rollout with
+    ANSIBLE_STRATEGY=free)."""
+    plays, unpinned = [], []
+    for name in sorted(os.listdir(os.path.join(ROOT, "playbooks"))):
+        if name.endswith(".yml"):
+            for play in yaml_file(os.path.join(ROOT, "playbooks", name)):
+                if "hosts" in play:
+                    plays.append((name, play["name"]))
+                    if play.get("strategy") != "linear":
+                        unpinned.append((name, play["name"]))
+    # control: the walk finds the plays of the four playbooks, the thresholds' plays among them
+    assert {n for n, _ in plays} == {"audit.yml", "check.yml", "remove.yml", "site.yml", "validate.yml"}, plays
+    assert ("validate.yml", "Validate every targeted host before the first change") in plays
+    assert unpinned == []

@@ -196,13 +196,16 @@ def run_roles(roles, extra_vars, expect_ok=True):
 CONVERGE = Path(__file__).resolve().parents[2] / "shared" / "converge.yml"
 
 
-def run_converge(args, expect_ok=True, whole=False, summary=False):
+def run_converge(args, expect_ok=True, whole=False, summary=False, env=None):
     """The scenario's own converge (the lab's guest settings, then site.yml)
     again, with extra ansible-playbook arguments (--check, --tags, -e ...),
     on the verified guests (every guest of the inventory with `whole`), with
-    the fleet_summary callback's lines at the end when `summary`.
+    the fleet_summary callback's lines at the end when `summary`, and the
+    variables of `env` added to the environment.
     Returns (process, {host: recap counts}, [names of the tasks that changed])."""
-    env = dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary") if summary else None
+    env = dict(os.environ, **(env or {}))
+    if summary:
+        env["ANSIBLE_CALLBACKS_ENABLED"] = "chv.fleet.fleet_summary"
     proc = subprocess.run(["ansible-playbook"] + inventory_argv(whole) + [str(CONVERGE)] + list(args),
                           capture_output=True, text=True, check=False, timeout=900, env=env)
     out = proc.stdout + proc.stderr

@@ -227,7 +227,10 @@ def test_a_bad_value_on_the_last_guest_stops_the_run_before_the_canary_changes(t
     guest-a is as before: a snapshot of its files, units, users, tables and
     sysctls, and the contents of the collection's configuration, the
     launcher and its ruleset; control: the snapshot tells a change from none
-    (the same comparison after a file is added)."""
+    (the same comparison after a file is added). Run with ANSIBLE_STRATEGY=free:
+    site.yml's plays pin strategy linear (under free, ansible-core ignores the
+    validation play's max_fail_percentage with a warning, and guest-a and
+    guest-b were converged: measured before the pin, docs/operations.md)."""
     a = guest("guest-a")
     digest = ("find /etc/chv-fleet /usr/local/bin/chv-cell /usr/lib/chv-fleet -type f -exec sha256sum {} + | sort; "
               "nft -s list table inet chv_cell | sha256sum; systemctl show -P InvocationID chv-broker.socket")
@@ -235,9 +238,10 @@ def test_a_bad_value_on_the_last_guest_stops_the_run_before_the_canary_changes(t
         contents = a.check_output(digest)
     before = snapshot(a)
     proc = run_converge(overlay(tmp_path, {"guest-c": {"chv_cell_claim_timeout": "soon"}}),
-                        expect_ok=False, whole=True)[0]
+                        expect_ok=False, whole=True, env={"ANSIBLE_STRATEGY": "free"})[0]
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
+    assert "with the free strategy is not supported" not in out, out[-4000:]
     failed = re.findall(r"^fatal: \[([\w-]+)\]: FAILED! => (.*)$", out, re.M)
     assert [h for h, _ in failed] == ["guest-c"] and "chv_cell_claim_timeout" in failed[0][1], failed
     assert "PLAY [Deploy chv.fleet cells]" not in out and batches(out) == [], out[-4000:]

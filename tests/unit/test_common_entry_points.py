@@ -95,11 +95,19 @@ def test_the_roles_validate_entry_points_have_no_options_and_are_called_without_
                     if key.split(".")[-1] == "include_role" and isinstance(args, dict)
                     and args.get("tasks_from") == "validate"]
     assert len(validate) == 1 and validate[0].get("rolespec_validate") is False, validate
-    # ... and with _common_spec_checked: true, as the task before it applies every role's main spec
-    # (chv.fleet.spec_errors) to the same roles (the list the include loops over)
+    # ... with __chv_fleet_platform_checked: true, which skips the _common role's validate in each role's
+    # validate entry point (the platform and main's spec), as the tasks before it apply every role's main
+    # spec (chv.fleet.spec_errors) and check the platform and load every role's platform variables
+    # (platform_vars) for the same roles (the list the include loops over)
     with open(os.path.join(ROOT, "playbooks", "validate.yml"), encoding="utf-8") as fh:
         tasks = list(walk_tasks(yaml.safe_load(fh)))
     include = [t for t in tasks if (t.get("ansible.builtin.include_role") or {}).get("tasks_from") == "validate"][0]
-    assert include["vars"]["_common_spec_checked"] is True and include["loop"] == "{{ __chv_fleet_roles }}", include
+    assert include["vars"]["__chv_fleet_platform_checked"] is True and include["loop"] == "{{ __chv_fleet_roles }}", include
     before = tasks[:tasks.index(include)]
     assert [t for t in before if "chv.fleet.spec_errors(__chv_fleet_roles)" in str(t.get("vars"))], before
+    assert [t for t in before if (t.get("ansible.builtin.include_role") or {}).get("tasks_from") == "platform_vars"
+            and t["vars"] == {"_common_roles": "{{ __chv_fleet_roles }}"}], before
+    for role in ("cell_runtime", "cell_nat", "broker", "browser", "metrics"):
+        common = [task for path, task, args in role_calls("_common")
+                  if path == os.path.join("roles", role, "tasks", "validate.yml") and args.get("tasks_from") == "validate"]
+        assert [t["when"] for t in common] == ["not (__chv_fleet_platform_checked | default(false) | bool)"], (role, common)

@@ -68,9 +68,10 @@ mount --bind "$0/comm" /proc/1/comm || exit 97
 exec "$@"' {fake} {python} "$@"
 """
 
-# the first role's validate (site.yml's order), through the _common role's set_vars
+# site.yml's validation play: the _common role's platform_vars, once for every role of the run
+ROLES = ("cell_runtime", "cell_nat", "broker", "browser")
 PLATFORM_TASK = "TASK [chv.fleet._common : Check that chv.fleet supports this platform]"
-LOAD_TASK = "TASK [chv.fleet._common : Load the platform's variables of chv.fleet.cell_runtime]"
+LOAD_TASK = "TASK [chv.fleet._common : Load the platform's variables of %s]" % ", ".join("chv.fleet." + r for r in ROLES)
 
 
 def fake_host(tmp_path, name):
@@ -146,7 +147,9 @@ def test_debian_12_and_13_pass_the_check_and_load_their_variables(run, host):
     platform = task_output(out, PLATFORM_TASK)
     assert "skipping: [%s]" % host in platform and "fatal: [%s]" % host not in platform, platform
     loaded = task_output(out, LOAD_TASK)
-    # the facts the wrapper gave: Debian, this release (no vars file of its own: Debian.yml serves both)
-    assert "ok: [%s] => (item=Debian.yml)" % host in loaded, loaded
-    assert "skipping: [%s] => (item=Debian_%s.yml)" % (host, SUPPORTED[host]) in loaded, loaded
+    # the facts the wrapper gave: Debian, this release (no vars file of its own: Debian.yml serves both),
+    # for every role
+    for role in ROLES:
+        assert "ok: [%s] => (item=%s/vars/Debian.yml)" % (host, role) in loaded, loaded
+        assert "skipping: [%s] => (item=%s/vars/Debian_%s.yml)" % (host, role, SUPPORTED[host]) in loaded, loaded
     assert recap(out)[host]["changed"] == 0

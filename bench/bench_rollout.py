@@ -96,13 +96,18 @@ def snapshot_head():
     for path in (tree, collections):
         shutil.rmtree(path, ignore_errors=True)
     os.makedirs(tree)
-    os.makedirs(os.path.join(collections, 'ansible_collections', 'chv'))
     archive = subprocess.run(['git', 'archive', 'HEAD'], cwd=ROOT, stdout=subprocess.PIPE, check=True).stdout
     subprocess.run(['tar', '-x', '-C', tree], input=archive, check=True)
-    os.symlink(tree, os.path.join(collections, 'ansible_collections', 'chv', 'fleet'))
-    # the test lab, an internal collection of the checkout (lab/), as make devcoll links it
-    os.symlink(os.path.join(tree, 'lab'), os.path.join(collections, 'ansible_collections', 'chv', 'fleet_lab'))
+    link_collections(tree, collections)
     SOURCE.update({'tree': tree, 'collections': collections, 'what': 'a clean export of HEAD'})
+
+
+def link_collections(tree, collections):
+    """A collections path at `collections` for the tree: chv.fleet and the test lab (lab/, an internal
+    collection of the checkout), linked as make devcoll links them."""
+    os.makedirs(os.path.join(collections, 'ansible_collections', 'chv'))
+    os.symlink(tree, os.path.join(collections, 'ansible_collections', 'chv', 'fleet'))
+    os.symlink(os.path.join(tree, 'lab'), os.path.join(collections, 'ansible_collections', 'chv', 'fleet_lab'))
 
 
 # The collection's plays pin `strategy: linear` (playbooks/validate.yml says
@@ -129,9 +134,7 @@ def unpinned_source():
             removed += count
     if not removed:
         raise RuntimeError('no play of %s pins strategy: linear: the unpinned copy would equal the tree' % playbooks)
-    os.makedirs(os.path.join(collections, 'ansible_collections', 'chv'))
-    os.symlink(tree, os.path.join(collections, 'ansible_collections', 'chv', 'fleet'))
-    os.symlink(os.path.join(tree, 'lab'), os.path.join(collections, 'ansible_collections', 'chv', 'fleet_lab'))
+    link_collections(tree, collections)
     return {'tree': tree, 'collections': collections}
 
 

@@ -443,7 +443,7 @@ def test_every_play_of_the_collection_pins_the_linear_strategy():
                     plays.append((name, play["name"]))
                     if play.get("strategy") != "linear":
                         unpinned.append((name, play["name"]))
-    # control: the walk finds the plays of the four playbooks, the thresholds' plays among them
+    # control: the walk finds the plays of the five playbooks, the thresholds' plays among them
     assert {n for n, _ in plays} == {"audit.yml", "check.yml", "remove.yml", "site.yml", "validate.yml"}, plays
     assert ("validate.yml", "Validate every targeted host before the first change") in plays
     assert unpinned == []

@@ -12,7 +12,9 @@ configuration (the fast no-change runs REPEATS times):
      chv_fleet_full_converge=true: every role's tasks and the gate, as
      before the fast path; 1 and 4 guests) and the fast path
      (docs/operations.md "A run that changes nothing"), in the order full/1,
-     fast/1, fast/4, fast/8, full/4, each once the machine settled
+     full/1 without the chv.fleet.worker_gc callback, fast/1, fast/1 without
+     it (the tree's ansible.cfg enables it; these two measure what it saves),
+     fast/4, fast/8, full/4, each once the machine settled
      (settle()); each with -vvv, from which the module runs per guest are
      counted (one SSH EXEC each with pipelining, the lab inventory's
      ansible_pipelining: true; a `ping -vvv` probe shows it takes effect: no
@@ -39,6 +41,7 @@ working tree are not rolled out; --worktree rolls out the working tree as it
 is (build/dev-collections, as make does).
 """
 
+import configparser
 import json
 import os
 import re
@@ -143,7 +146,20 @@ def source(strategy=None):
     return SOURCE['unpinned'] if strategy else SOURCE
 
 
-def ansible_env(profile=None, strategy=None):
+# The callback that spares the task workers Python's garbage collector
+# (plugins/callback/worker_gc.py): the tree's ansible.cfg enables it; the
+# runs of WITHOUT_GC_KEYS measure the same runs without it, side by side.
+WORKER_GC = 'chv.fleet.worker_gc'
+
+
+def tree_callbacks(tree):
+    """The callbacks the tree's ansible.cfg enables (callbacks_enabled)."""
+    config = configparser.ConfigParser()
+    config.read(os.path.join(tree, 'ansible.cfg'))
+    return [c.strip() for c in config.get('defaults', 'callbacks_enabled', fallback='').split(',') if c.strip()]
+
+
+def ansible_env(profile=None, strategy=None, worker_gc=True):
     env = dict(os.environ)
     env.update({
         'ANSIBLE_COLLECTIONS_PATH': source(strategy)['collections'],
@@ -152,10 +168,13 @@ def ansible_env(profile=None, strategy=None):
         'ANSIBLE_FORCE_COLOR': '0',
         'PATH': VENV_BIN + os.pathsep + os.environ.get('PATH', ''),
     })
+    # the tree's callbacks (ANSIBLE_CALLBACKS_ENABLED replaces its list), the profile's too
+    callbacks = [c for c in tree_callbacks(source(strategy)['tree']) if worker_gc or c != WORKER_GC]
     if profile:
         env['ANSIBLE_CALLBACK_PLUGINS'] = os.path.join(ROOT, 'bench', 'callback_plugins')
-        env['ANSIBLE_CALLBACKS_ENABLED'] = 'bench_task_times'
+        callbacks.append('bench_task_times')
         env['CHV_BENCH_TASK_TIMES'] = profile
+    env['ANSIBLE_CALLBACKS_ENABLED'] = ','.join(callbacks)
     if strategy == 'mitogen_linear':
         env.update({'ANSIBLE_STRATEGY_PLUGINS': os.path.join(MITOGEN_DIR, 'ansible_mitogen', 'plugins', 'strategy'),
                     'PYTHONPATH': MITOGEN_DIR, 'ANSIBLE_HOST_KEY_CHECKING': 'False'})  # its SSH checks host keys itself
@@ -198,7 +217,7 @@ def children_cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def run(label, argv, profile=False, strategy=None, quiet=False):
+def run(label, argv, profile=False, strategy=None, quiet=False, worker_gc=True):
     """Run one command (cwd: the tree rolled out), its output to LOG_DIR/<label>.log; returns its figures.
     quiet: after the machine settles (settle())."""
     busy, waited = settle() if quiet else (None, 0.0)
@@ -210,7 +229,7 @@ def run(label, argv, profile=False, strategy=None, quiet=False):
     cpu0, kids0, start = machine_cpu_seconds(), children_cpu_seconds(), time.monotonic()
     with open(log, 'w') as out:
         try:
-            proc = subprocess.run(argv, cwd=source(strategy)['tree'], env=ansible_env(times, strategy), stdout=out,
+            proc = subprocess.run(argv, cwd=source(strategy)['tree'], env=ansible_env(times, strategy, worker_gc), stdout=out,
                                   stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT, check=False)
             rc = proc.returncode
@@ -288,10 +307,10 @@ def pipelining_probe(guest, off):
     return (res['rc'], sum(1 for ln in lines if 'SSH: EXEC' in ln), sum(1 for ln in lines if re.search(r'> PUT ', ln)))
 
 
-def site(label, hosts, extra=(), strategy=None, quiet=False):
+def site(label, hosts, extra=(), strategy=None, quiet=False, worker_gc=True):
     argv = [os.path.join(VENV_BIN, 'ansible-playbook'), '-i', INVENTORY, 'site.yml', '-f', str(FORKS),
             '--limit', ','.join(hosts), '-e', ONE_BATCH] + list(extra)
-    result = run(label, argv, profile=True, strategy=strategy, quiet=quiet)
+    result = run(label, argv, profile=True, strategy=strategy, quiet=quiet, worker_gc=worker_gc)
     result['hosts'] = len(hosts)
     return result
 
@@ -380,7 +399,21 @@ def build_rows(r):
                      '%s / %s' % (fmt_s(full), fmt_s(fast)), '-', '-',
                      '%s / %s' % (fmt_r(ratio(full, base_full)), fmt_r(ratio(fast, base_fast))), '-',
                      'not offered as a speed-up (docs/operations.md says why)'))
+    full0, fast0 = r.get('full-1-nogc'), r.get('fast-1-nogc')
+    rows.append(('without %s (the same runs, 1 guest): no-change re-run full / fast, wall and controller CPU-s '
+                 '(with it: %s / %s, %s / %s CPU-s)' % (WORKER_GC, fmt_s(full1), fmt_s(fast1), fmt_n(per_guest_cpu(full1), '%.1f'),
+                                                        fmt_n(per_guest_cpu(fast1), '%.1f')),
+                 '%s / %s, %s / %s CPU-s' % (fmt_s(full0), fmt_s(fast0), fmt_n(per_guest_cpu(full0), '%.1f'),
+                                             fmt_n(per_guest_cpu(fast0), '%.1f')), '-', '-',
+                 'CPU with / without: %s / %s' % (fmt_r(cpu_ratio(full1, full0)), fmt_r(cpu_ratio(fast1, fast0))), '-',
+                 'enabled in docs/examples/ansible.cfg'))
     return rows
+
+
+def cpu_ratio(a, b):
+    """Controller CPU per guest of a over b (medians of their repeats)."""
+    x, y = per_guest_cpu(a), per_guest_cpu(b)
+    return x / y if x is not None and y else None
 
 
 def run_rows(r):
@@ -428,12 +461,15 @@ RUN_HEADER = ('run', 'wall s', 'machine CPU-s', 'CPUs busy', 'controller CPU-s',
 # key: (guests, extra arguments, strategy), in the order they run
 # (the no-change runs, with -vvv, after the machine settles; the fast ones REPEATS times)
 RUNS = [('converge-1', 'one', (), None), ('converge-4', 'four', (), None), ('converge-4b', 'rest', (), None),
-        ('full-1', 'one', ('-vvv',) + tuple(FULL), None), ('fast-1', 'one', ('-vvv',), None),
+        ('full-1', 'one', ('-vvv',) + tuple(FULL), None), ('full-1-nogc', 'one', ('-vvv',) + tuple(FULL), None),
+        ('fast-1', 'one', ('-vvv',), None), ('fast-1-nogc', 'one', ('-vvv',), None),
         ('fast-4', 'four', ('-vvv',), None), ('fast-8', 'eight', ('-vvv',), None),
         ('full-4', 'four', ('-vvv',) + tuple(FULL), None),
         ('mitogen-full', 'one', ('-vvv',) + tuple(FULL), 'mitogen_linear'), ('mitogen-fast', 'one', ('-vvv',), 'mitogen_linear'),
         ('free-full', 'four', ('-vvv',) + tuple(FULL), 'free'), ('free-fast', 'four', ('-vvv',), 'free')]
 RUN_ORDER = [key for key, _, _, _ in RUNS]
+# the runs without chv.fleet.worker_gc (each right after its twin with it)
+WITHOUT_GC_KEYS = ('full-1-nogc', 'fast-1-nogc')
 
 
 def report(info, r, probe, lab, errors, total):
@@ -467,7 +503,8 @@ def report(info, r, probe, lab, errors, total):
              info['ansible']),
           'Mitogen for Ansible: %s.' % info.get('mitogen', 'not reached'),
           'On a shared 2-CPU machine (load average at each run\'s start below); both sides of each ratio ran in the same session.',
-          'The no-change runs, in the order full/1, fast/1, fast/4, fast/8, full/4 (-vvv each: module runs counted from its',
+          'The no-change runs, in the order full/1, full/1 without chv.fleet.worker_gc, fast/1, fast/1 without it, fast/4, fast/8, '
+          'full/4 (-vvv each: module runs counted from its',
           'SSH EXEC lines), each start once the machine settled (at most %.0f %% of its CPUs busy over %.0f s, waiting at most'
           % (100 * SETTLE_BUSY, SETTLE_WINDOW),
           '%.0f s: the guests\' services are still starting after a converge); each fast one ran %d times, and its controller'
@@ -541,7 +578,8 @@ def main():
                 continue
             hosts = sets[which]
             nochange = '-vvv' in extra
-            repeats = [site(key if n == 1 else '%s.%d' % (key, n), hosts, extra, strategy, quiet=nochange)
+            repeats = [site(key if n == 1 else '%s.%d' % (key, n), hosts, extra, strategy, quiet=nochange,
+                            worker_gc=key not in WITHOUT_GC_KEYS)
                        for n in range(1, (REPEATS if nochange and key.startswith('fast-') else 1) + 1)]
             for x in repeats:
                 x['ok'] = healthy(x, hosts)

@@ -1,6 +1,7 @@
 """Helpers shared by the broker and browser verifiers: requests to chv-broker
 from inside a real cell (chv-cell run) and from guest processes outside any cell."""
 
+import configparser
 import json
 import os
 import shlex
@@ -194,6 +195,12 @@ def run_roles(roles, extra_vars, expect_ok=True):
 
 
 CONVERGE = Path(__file__).resolve().parents[2] / "shared" / "converge.yml"
+# A run with the fleet_summary callback's lines: the callbacks an operator's
+# ansible.cfg enables (docs/examples/ansible.cfg, read here: one list), in
+# place of the scenario's own (ANSIBLE_CALLBACKS_ENABLED replaces the list).
+_EXAMPLE_CFG = configparser.ConfigParser()
+_EXAMPLE_CFG.read(SCENARIOS.parent / "docs" / "examples" / "ansible.cfg")
+SUMMARY_CALLBACKS = _EXAMPLE_CFG.get("defaults", "callbacks_enabled")
 
 
 def run_converge(args, expect_ok=True, whole=False, summary=False, env=None):
@@ -205,7 +212,7 @@ def run_converge(args, expect_ok=True, whole=False, summary=False, env=None):
     Returns (process, {host: recap counts}, [names of the tasks that changed])."""
     env = dict(os.environ, **(env or {}))
     if summary:
-        env["ANSIBLE_CALLBACKS_ENABLED"] = "chv.fleet.fleet_summary"
+        env["ANSIBLE_CALLBACKS_ENABLED"] = SUMMARY_CALLBACKS
     proc = subprocess.run(["ansible-playbook"] + inventory_argv(whole) + [str(CONVERGE)] + list(args),
                           capture_output=True, text=True, check=False, timeout=900, env=env)
     out = proc.stdout + proc.stderr

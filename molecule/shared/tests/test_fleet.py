@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from conftest import CONVERGE, fleet_guest, inventory_argv, only_in, run_converge
+from conftest import CONVERGE, SUMMARY_CALLBACKS, fleet_guest, inventory_argv, only_in, run_converge
 from playbook_output import batches, changed_tasks
 from testpaths import ROOT
 
@@ -171,7 +171,7 @@ def test_a_broker_change_rolls_out_over_a_busy_fleet_past_an_unreachable_guest(t
             + ["-e", json.dumps({"chv_broker_read_timeout": 31, "chv_fleet_max_unreachable_percentage": 50})])
     try:
         run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="chv.fleet.fleet_summary"))
+                               env=dict(os.environ, ANSIBLE_CALLBACKS_ENABLED=SUMMARY_CALLBACKS))
         lines, told = [], set()
         for line in run.stdout:
             lines.append(line)

@@ -41,7 +41,6 @@ working tree are not rolled out; --worktree rolls out the working tree as it
 is (build/dev-collections, as make does).
 """
 
-import configparser
 import json
 import os
 import re
@@ -52,9 +51,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the tests' reader of a -vvv run's module runs (tests/helpers/playbook_output.py), one home for both
+# the tests' readers of a -vvv run's module runs and of an ansible.cfg's callbacks
+# (tests/helpers/playbook_output.py), one home for both
 sys.path.insert(0, os.path.join(ROOT, 'tests', 'helpers'))
-from playbook_output import module_runs  # noqa: E402
+from playbook_output import enabled_callbacks, module_runs  # noqa: E402
 VENV_BIN = os.path.join(ROOT, '.venv', 'bin')
 LAB = 'brollout'
 NETWORK = '10.99.48.0/24'
@@ -152,13 +152,6 @@ def source(strategy=None):
 WORKER_GC = 'chv.fleet.worker_gc'
 
 
-def tree_callbacks(tree):
-    """The callbacks the tree's ansible.cfg enables (callbacks_enabled)."""
-    config = configparser.ConfigParser()
-    config.read(os.path.join(tree, 'ansible.cfg'))
-    return [c.strip() for c in config.get('defaults', 'callbacks_enabled', fallback='').split(',') if c.strip()]
-
-
 def ansible_env(profile=None, strategy=None, worker_gc=True):
     env = dict(os.environ)
     env.update({
@@ -169,7 +162,8 @@ def ansible_env(profile=None, strategy=None, worker_gc=True):
         'PATH': VENV_BIN + os.pathsep + os.environ.get('PATH', ''),
     })
     # the tree's callbacks (ANSIBLE_CALLBACKS_ENABLED replaces its list), the profile's too
-    callbacks = [c for c in tree_callbacks(source(strategy)['tree']) if worker_gc or c != WORKER_GC]
+    callbacks = [c for c in enabled_callbacks(os.path.join(source(strategy)['tree'], 'ansible.cfg'))
+                 if worker_gc or c != WORKER_GC]
     if profile:
         env['ANSIBLE_CALLBACK_PLUGINS'] = os.path.join(ROOT, 'bench', 'callback_plugins')
         callbacks.append('bench_task_times')

@@ -2,12 +2,22 @@
 site.yml's batches (the integration playbook tests and the Molecule
 verifier both read site.yml runs)."""
 
+import configparser
 import re
 
 # site.yml's first pre-task: every batch of its deploy play runs it, on each
 # host of the batch (the validation play before it runs it once, on every host)
 FIRST_TASK = "TASK [Refuse rollout settings from the inventory that Ansible ignores]"
 DEPLOY_PLAY = "PLAY [Deploy chv.fleet cells]"
+
+
+def enabled_callbacks(cfg):
+    """The callbacks the ansible.cfg at path `cfg` enables (callbacks_enabled, in order), whose
+    output a run with it prints: ANSIBLE_CALLBACKS_ENABLED replaces that list, so a run that adds
+    its own starts from this one."""
+    config = configparser.ConfigParser()
+    config.read(cfg)
+    return [c.strip() for c in config.get("defaults", "callbacks_enabled", fallback="").split(",") if c.strip()]
 
 
 def recap(out):

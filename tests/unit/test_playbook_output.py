@@ -1,8 +1,12 @@
 """tests/helpers/playbook_output.module_runs: one count per module run in a -vvv
 log over SSH, with pipelining (the lab's inventory) and without (the AnsiballZ
-file put on the host first), and none for the other commands of a module run."""
+file put on the host first), and none for the other commands of a module run;
+enabled_callbacks: an ansible.cfg's callbacks_enabled, as a list."""
 
-from playbook_output import module_runs
+import os
+
+from playbook_output import enabled_callbacks, module_runs
+from testpaths import ROOT
 
 TMP = "/root/.ansible/tmp/ansible-tmp-1764800000.1-42-1"
 SSH = "<%s> SSH: EXEC ssh -C -o ControlMaster=auto -o ControlPersist=60s -o User=root %s "
@@ -41,3 +45,16 @@ def test_the_other_commands_alone_are_not_module_runs():
     # the control: the same log without its python3 lines counts nothing
     out = lines([t for t in PUT_FIRST if "python3" not in t], "10.99.61.2")
     assert module_runs(out) == {}
+
+
+def test_enabled_callbacks_reads_the_list_in_order(tmp_path):
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\ncallbacks_enabled = a.b.one,  a.b.two ,\n")
+    assert enabled_callbacks(cfg) == ["a.b.one", "a.b.two"]
+    # none set, or no file: no callback
+    (tmp_path / "none.cfg").write_text("[defaults]\nforks = 5\n")
+    assert enabled_callbacks(tmp_path / "none.cfg") == []
+    assert enabled_callbacks(tmp_path / "missing.cfg") == []
+    # the example an operator starts from: the collection's two
+    assert enabled_callbacks(os.path.join(ROOT, "docs", "examples", "ansible.cfg")) == [
+        "chv.fleet.fleet_summary", "chv.fleet.worker_gc"]

@@ -1,7 +1,6 @@
 """Helpers shared by the broker and browser verifiers: requests to chv-broker
 from inside a real cell (chv-cell run) and from guest processes outside any cell."""
 
-import configparser
 import json
 import os
 import shlex
@@ -14,7 +13,7 @@ import pytest
 # tests/helpers: what the verifier shares with the integration suites (testpaths, listeners).
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "helpers"))
 
-from playbook_output import changed_tasks, recap  # noqa: E402 (tests/helpers, on the path above)
+from playbook_output import changed_tasks, enabled_callbacks, recap  # noqa: E402 (tests/helpers, on the path above)
 from skipgate import pytest_runtest_makereport  # noqa: E402,F401 (the hook: no green on skips under CI=true)
 
 CLIENT = "/usr/lib/chv-fleet/chv_guest/broker/client.py"
@@ -198,9 +197,7 @@ CONVERGE = Path(__file__).resolve().parents[2] / "shared" / "converge.yml"
 # A run with the fleet_summary callback's lines: the callbacks an operator's
 # ansible.cfg enables (docs/examples/ansible.cfg, read here: one list), in
 # place of the scenario's own (ANSIBLE_CALLBACKS_ENABLED replaces the list).
-_EXAMPLE_CFG = configparser.ConfigParser()
-_EXAMPLE_CFG.read(SCENARIOS.parent / "docs" / "examples" / "ansible.cfg")
-SUMMARY_CALLBACKS = _EXAMPLE_CFG.get("defaults", "callbacks_enabled")
+SUMMARY_CALLBACKS = ",".join(enabled_callbacks(SCENARIOS.parent / "docs" / "examples" / "ansible.cfg"))
 
 
 def run_converge(args, expect_ok=True, whole=False, summary=False, env=None):

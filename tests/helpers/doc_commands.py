@@ -165,7 +165,8 @@ EXCLUDED = {
 }
 
 # site.yml commands that differ from one run for real here only by options whose effect other suites
-# run on real hosts: each is checked as written, cheaply, with --list-hosts --list-tasks appended (the
+# run on real hosts, and the playbooks other suites run for real on a converged guest (the uninstall):
+# each is checked as written, cheaply, with --list-hosts --list-tasks appended (the
 # shell parses it, the playbook loads from the clone with its roles, the inventory and target name the
 # lab guest, the tags select tasks), not run: a run of site.yml costs as much as a converge of a
 # converged guest (docs/operations.md), and make test's lab lane has room for a few only. With the
@@ -184,6 +185,10 @@ DRY = {
     "ansible-playbook site.yml -i fleet/ --check --diff":
         "check mode on a converged guest, reporting no change: molecule/shared/tests/test_rollout.py (trixie); "
         "on a fresh guest: tests/lab/test_site_bad_input.py",
+    "ansible-playbook chv.fleet.remove -i fleet/":
+        "the uninstall of a converged guest, its drain and a second run that finds nothing: "
+        "molecule/shared/tests/test_uninstall.py (playbooks/remove.yml, which this FQCN names; the listing loads "
+        "it from the clone)",
     "ansible-playbook chv.fleet_lab.lab_up -e ...": "the playbook named by the lab collection (FQCN): the listing "
                                                     "loads it; a second lab_up that changes nothing: "
                                                     "tests/lab/test_site_bad_input.py",

@@ -1,11 +1,11 @@
 """Egress by name on real guests (issue 33, docs/network.md "The catalog in
-proxy mode"): the names, ports, site.yml variables and audit command that
-tests/lab/test_proxy_mode.py (a bookworm guest of the lab) and
-molecule/shared/tests/test_proxy_mode.py (the trixie scenario's guest) share,
-and the checks of the audit's report. The names resolve only at the lab's
-resolver stand-in (docs/lab.md), to the lab host's listeners on the guest's
-link (allowed, denied) and to the guest's loopback (inside); nothing leaves
-the lab."""
+proxy mode"): the names, ports, site.yml variables and audit command of
+molecule/shared/tests/test_proxy_mode.py (the trixie scenario's guest, which
+molecule/shared/tests/test_faults.py's last converges put in proxy mode), and
+the checks of the audit's report. The names resolve only at the lab's
+resolver stand-in (docs/lab.md; molecule/trixie/molecule.yml names them), to
+the lab host's listeners on the guest's link (allowed, denied, the git
+server) and to the guest's loopback (inside); nothing leaves the lab."""
 
 import json
 
@@ -13,6 +13,8 @@ from chv_guest.cell import audit
 
 ALLOW_PORT, DENY_PORT, INSIDE_PORT = 18770, 18771, 18798
 ALLOWED, DENIED, INSIDE = "allowed.chv-lab.test", "denied.chv-lab.test", "inside.chv-lab.test"
+# the lab host's git server (tests/helpers/gitserver.py) of the sync door's test, by its name
+GIT, GIT_PORT = "git.chv-lab.test", 18773
 AUDIT = ("chv-cell audit --json --runs 3 --metadata-stand-in --allow-name %s:%d --deny-name %s:%d --inside-name %s "
          "--allow-url http://%s:%d/" % (ALLOWED, ALLOW_PORT, DENIED, DENY_PORT, INSIDE, ALLOWED, ALLOW_PORT))
 EGR = ["EGR-0%d" % i for i in range(1, 7)]
@@ -22,16 +24,21 @@ CIDR_ONLY = ("NET-01", "NET-05", "NET-07", "TEN-06")
 
 def resolver_names(lab_host):
     """The stand-in's names (lab_resolver_names) for a lab host at ``lab_host``."""
-    return {ALLOWED: lab_host, DENIED: lab_host, INSIDE: "127.0.0.1"}
+    return {ALLOWED: lab_host, DENIED: lab_host, GIT: lab_host, INSIDE: "127.0.0.1"}
 
 
-def site_vars(extra_names=()):
-    """site.yml's variables of proxy mode for these tests: the allowed name
-    and the inside name (a name that resolves to the guest's loopback, which
-    the proxy must refuse all the same) on the list, the denied name not."""
+def site_vars():
+    """site.yml's variables of proxy mode for these tests: the allowed name,
+    the git server's and the inside name (a name that resolves to the
+    guest's loopback, which the proxy must refuse all the same) on the list,
+    the denied name not. The sync door over plain HTTP to the git server and
+    to the denied name: both pass chv-broker's own host list, so that the
+    proxy is what refuses the denied one."""
     return {"chv_cell_egress_mode": "proxy",
-            "cell_nat_egress_names": [{"name": ALLOWED, "port": ALLOW_PORT}, {"name": INSIDE, "port": INSIDE_PORT}]
-            + list(extra_names)}
+            "cell_nat_egress_names": [{"name": ALLOWED, "port": ALLOW_PORT}, {"name": GIT, "port": GIT_PORT},
+                                      {"name": INSIDE, "port": INSIDE_PORT}],
+            "chv_broker_sync_protocols": ["http", "https"],
+            "chv_broker_sync_hosts": ["%s:%d" % (GIT, GIT_PORT), "%s:%d" % (DENIED, DENY_PORT)]}
 
 
 def audit_guest(run, address, lab_host, extra=""):

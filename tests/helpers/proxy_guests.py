@@ -8,13 +8,17 @@ the lab host's listeners on the guest's link (allowed, denied, the git
 server) and to the guest's loopback (inside); nothing leaves the lab."""
 
 import json
+import secrets
 
 from chv_guest.cell import audit
 
 ALLOW_PORT, DENY_PORT, INSIDE_PORT = 18770, 18771, 18798
 ALLOWED, DENIED, INSIDE = "allowed.chv-lab.test", "denied.chv-lab.test", "inside.chv-lab.test"
-# the lab host's git server (tests/helpers/gitserver.py) of the sync door's test, by its name
+# the lab host's git server (tests/helpers/gitserver.py) of the sync door's test, by its name, and its
+# account's password: this run's (test_faults.py's converge writes it to the guest, test_proxy_mode.py's
+# server takes it; both import this module in the one pytest process)
 GIT, GIT_PORT = "git.chv-lab.test", 18773
+GIT_USER, GIT_PASSWORD = "executor", secrets.token_hex(12)
 AUDIT = ("chv-cell audit --json --runs 3 --metadata-stand-in --allow-name %s:%d --deny-name %s:%d --inside-name %s "
          "--allow-url http://%s:%d/" % (ALLOWED, ALLOW_PORT, DENIED, DENY_PORT, INSIDE, ALLOWED, ALLOW_PORT))
 EGR = ["EGR-0%d" % i for i in range(1, 7)]
@@ -33,12 +37,14 @@ def site_vars():
     guest's loopback, which the proxy must refuse all the same) on the list,
     the denied name not. The sync door over plain HTTP to the git server and
     to the denied name: both pass chv-broker's own host list, so that the
-    proxy is what refuses the denied one."""
+    proxy is what refuses the denied one; the git server's account in the
+    guest's credential file (the role writes it)."""
     return {"chv_cell_egress_mode": "proxy",
             "cell_nat_egress_names": [{"name": ALLOWED, "port": ALLOW_PORT}, {"name": GIT, "port": GIT_PORT},
                                       {"name": INSIDE, "port": INSIDE_PORT}],
             "chv_broker_sync_protocols": ["http", "https"],
-            "chv_broker_sync_hosts": ["%s:%d" % (GIT, GIT_PORT), "%s:%d" % (DENIED, DENY_PORT)]}
+            "chv_broker_sync_hosts": ["%s:%d" % (GIT, GIT_PORT), "%s:%d" % (DENIED, DENY_PORT)],
+            "chv_broker_sync_credentials": "http://%s:%s@%s:%d\n" % (GIT_USER, GIT_PASSWORD, GIT, GIT_PORT)}
 
 
 def audit_guest(run, address, lab_host, extra=""):

@@ -85,15 +85,9 @@ def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(host):
     lab_host = lab_guest(host)["host_address"]
     git_url = "http://%s:%d/git/proj.git" % (proxy_guests.GIT, proxy_guests.GIT_PORT)
     denied_url = "http://%s:%d/git/proj.git" % (proxy_guests.DENIED, proxy_guests.DENY_PORT)
-    server = gitserver.GitServer(address=lab_host, port=proxy_guests.GIT_PORT).start()
-    credentials = json.loads(sudo_run(host, "cat /etc/chv-fleet/broker.json").stdout)["sync"]["credentials_file"]
-    saved = credentials + ".proxy-mode"
-    # the server's account, by the name the proxy lets through, on a line of the guest's credential file for
-    # this test (the file as it was kept beside it)
-    line = "http://%s:%s@%s:%d" % (server.user, server.password, proxy_guests.GIT, proxy_guests.GIT_PORT)
-    added = sudo_run(host, "cp -p {0} {1} && {{ cat {1}; [ -z \"$(tail -c1 {1})\" ] || echo; echo {2}; }} > {0}"
-                     .format(credentials, saved, shlex.quote(line)))
-    assert added.rc == 0, added.stderr
+    # the account test_faults.py's converge gave the guest (chv_broker_sync_credentials, proxy_guests.site_vars)
+    server = gitserver.GitServer(user=proxy_guests.GIT_USER, password=proxy_guests.GIT_PASSWORD, address=lab_host,
+                                 port=proxy_guests.GIT_PORT).start()
     try:
         with audit.Listener(lab_host, proxy_guests.DENY_PORT) as deny:
             before = _log_lines(host, 0)[1]
@@ -134,5 +128,4 @@ def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(host):
         # the clone's address on the loopback is gone again
         assert not re.search(r"\b%s/32\b" % re.escape(gateway), sudo_run(host, "ip -4 -o addr show dev lo").stdout)
     finally:
-        sudo_run(host, "test ! -e {1} || mv -f {1} {0}".format(credentials, saved))
         server.stop()

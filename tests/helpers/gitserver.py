@@ -145,13 +145,17 @@ class GitServer:
         with open(conf, "w") as fh:
             fh.write(CONF.format(root=self.root, addr=self.address, port=self.port, user="www-data", backend=BACKEND))
         _run(LIGHTTPD, "-tt", "-f", conf)
+        # another server on the address and port (one a killed test left) would answer for this one, with
+        # its own account: refuse to start instead
+        if not self.ns and self.status(auth=False) is not None:
+            raise RuntimeError("%s:%d already answers (a server left running?)" % (self.address, self.port))
         log = open(os.path.join(self.root, "lighttpd.out"), "wb")
         self.proc = subprocess.Popen(self._in_ns(LIGHTTPD, "-D", "-f", conf),
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 15
         while True:
-            if self.status(auth=False) == 401:
+            if self.proc.poll() is None and self.status(auth=False) == 401:
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("lighttpd did not come up: %s" % self.log())

@@ -71,7 +71,7 @@ def _log_lines(host, since):
     return [egresslog.parse_line(line) for line in text[since:]], len(text)
 
 
-def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(host):
+def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(host, policy_slots):
     """A task's clone (before the task's first cell: the slot's
     gateway is on the guest's loopback for the clone) and a cell's pull
     through chv-broker's sync reach the allowed git host through the proxy;
@@ -115,8 +115,7 @@ def test_the_sync_door_goes_through_the_proxy_with_the_slots_list(host):
             assert deny.seen == [], deny.seen                                  # not a byte reached it
         lines, _n = _log_lines(host, before)
         slot = task["slot"]
-        policy = json.loads(sudo_run(host, "cat /etc/chv-fleet/cell-policy.json").stdout)
-        gateway = [s["gateway"] for s in policy["slots"] if s["name"] == slot][0]
+        gateway = policy_slots[slot]["gateway"]
         # git's requests over plain HTTP are a line each (its first, without the credential, gets the server's
         # 401: failed); the denied name's attempts stop at their first request
         got = [(r["slot"], r["src"], r["host"], r["verdict"]) for r in lines if r]

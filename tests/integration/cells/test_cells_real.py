@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+import hostlock
 import pytest
 
 from cellrt import ENTRY, NEEDS_REAL_CELLS, NOISE
@@ -533,55 +534,56 @@ def agent_install(pol, packages=("chv_guest", os.path.join("chv_guest", "cell"))
             db(name)  # never reuse an existing account
     d = tempfile.mkdtemp(prefix="chv-agenttest-", dir="/run")
     sudoers = "/etc/sudoers.d/chv-celltest-%d" % n
-    made = []
-    try:
-        os.chmod(d, 0o755)
-        lib = os.path.join(d, "lib")
-        for package in packages:
-            os.makedirs(os.path.join(lib, package), 0o755)
-        for name in ("chv-cell", "chv-cell-agent"):
-            shutil.copy(os.path.join(SRC, name), os.path.join(lib, name))
-            os.chmod(os.path.join(lib, name), 0o755)
-        for package in packages:  # the role's part (chv.fleet.guest_tree)
-            for name in os.listdir(os.path.join(SRC, package)):
-                if name.endswith(".py"):
-                    shutil.copy(os.path.join(SRC, package, name), os.path.join(lib, package, name))
-                    os.chmod(os.path.join(lib, package, name), 0o644)
-        policy_path = os.path.join(d, "cell-policy.json")
-        with open(policy_path, "w") as fh:
-            json.dump(pol, fh)
-        os.chmod(policy_path, 0o644)
-        src = os.path.join(lib, "chv_guest", "cell", "policy.py")
-        with open(src) as fh:
-            text = fh.read()
-        old = 'DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"\n'
-        assert text.count(old) == 1
-        with open(src, "w") as fh:
-            fh.write(text.replace(old, "DEFAULT_POLICY_PATH = %r\n" % policy_path))
-        agent = os.path.join(lib, "chv-cell-agent")
-        _sh("groupadd", group)
-        made.append(("groupdel", group))
-        for user, extra in ((member, ["-G", group]), (other, [])):
-            _sh("useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", "-U", *extra, user)
-            made.append(("userdel", user))
-        # the role's template less closefrom_override (test_slot_files.py adds the role's own drop-in)
-        rule = "Defaults!%s env_reset\n%%%s ALL=(root) NOPASSWD: %s\n" % (agent, group, agent)
-        tmp = os.path.join(d, "sudoers")
-        with open(tmp, "w") as fh:
-            fh.write(rule)
-        _sh("visudo", "-cf", tmp)
-        os.chmod(tmp, 0o440)
-        shutil.move(tmp, sudoers)
-        yield {"dir": d, "chv_cell": os.path.join(lib, "chv-cell"), "agent": agent, "policy": policy_path,
-               "pol": pol, "member": member, "other": other, "group": group, "lib": lib}
-    finally:
-        if os.path.exists(sudoers):
-            os.unlink(sudoers)
-        for what, name in reversed(made):
-            subprocess.run([what, name], capture_output=True, check=False)
-            if what == "userdel":
-                subprocess.run(["groupdel", name], capture_output=True, check=False)  # the user's own group
-        shutil.rmtree(d, ignore_errors=True)
+    with hostlock.changing():  # the macOS walk's snapshots wait while these accounts exist
+        made = []
+        try:
+            os.chmod(d, 0o755)
+            lib = os.path.join(d, "lib")
+            for package in packages:
+                os.makedirs(os.path.join(lib, package), 0o755)
+            for name in ("chv-cell", "chv-cell-agent"):
+                shutil.copy(os.path.join(SRC, name), os.path.join(lib, name))
+                os.chmod(os.path.join(lib, name), 0o755)
+            for package in packages:  # the role's part (chv.fleet.guest_tree)
+                for name in os.listdir(os.path.join(SRC, package)):
+                    if name.endswith(".py"):
+                        shutil.copy(os.path.join(SRC, package, name), os.path.join(lib, package, name))
+                        os.chmod(os.path.join(lib, package, name), 0o644)
+            policy_path = os.path.join(d, "cell-policy.json")
+            with open(policy_path, "w") as fh:
+                json.dump(pol, fh)
+            os.chmod(policy_path, 0o644)
+            src = os.path.join(lib, "chv_guest", "cell", "policy.py")
+            with open(src) as fh:
+                text = fh.read()
+            old = 'DEFAULT_POLICY_PATH = "/etc/chv-fleet/cell-policy.json"\n'
+            assert text.count(old) == 1
+            with open(src, "w") as fh:
+                fh.write(text.replace(old, "DEFAULT_POLICY_PATH = %r\n" % policy_path))
+            agent = os.path.join(lib, "chv-cell-agent")
+            _sh("groupadd", group)
+            made.append(("groupdel", group))
+            for user, extra in ((member, ["-G", group]), (other, [])):
+                _sh("useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", "-U", *extra, user)
+                made.append(("userdel", user))
+            # the role's template less closefrom_override (test_slot_files.py adds the role's own drop-in)
+            rule = "Defaults!%s env_reset\n%%%s ALL=(root) NOPASSWD: %s\n" % (agent, group, agent)
+            tmp = os.path.join(d, "sudoers")
+            with open(tmp, "w") as fh:
+                fh.write(rule)
+            _sh("visudo", "-cf", tmp)
+            os.chmod(tmp, 0o440)
+            shutil.move(tmp, sudoers)
+            yield {"dir": d, "chv_cell": os.path.join(lib, "chv-cell"), "agent": agent, "policy": policy_path,
+                   "pol": pol, "member": member, "other": other, "group": group, "lib": lib}
+        finally:
+            if os.path.exists(sudoers):
+                os.unlink(sudoers)
+            for what, name in reversed(made):
+                subprocess.run([what, name], capture_output=True, check=False)
+                if what == "userdel":
+                    subprocess.run(["groupdel", name], capture_output=True, check=False)  # the user's own group
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

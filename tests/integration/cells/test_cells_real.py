@@ -487,9 +487,13 @@ def test_limits_never_dropped_silently(env):
     assert len(warn) == 1 and "MemoryMax (memory.max)" in warn[0]
 
 
-def test_hundred_consecutive_runs(env):
-    """100 consecutive `chv-cell run -- true` all exit 0 (prints the mean latency, asserts no timing)."""
-    n = 100
+def test_consecutive_runs(env):
+    """30 consecutive `chv-cell run -- true` in one slot all exit 0, and
+    leave nothing behind (clean_after; prints the mean latency, asserts no
+    timing: make bench measures it). 100 runs before: 49 s of make test
+    here, and nothing that 30 runs and the check after them do not show
+    (every other test of this module checks what a run leaves, too)."""
+    n = 30
     t = time.monotonic()
     for dummy in range(n):
         assert run(env["policy"], "--", "true").returncode == 0

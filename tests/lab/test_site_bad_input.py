@@ -221,11 +221,8 @@ def test_bad_value_fails_before_any_change(guest, bad_hosts, tmp_path, extra, ho
         return
     proc, counts, found = bad_hosts
     name = alias(request.node.callspec.id)
-    assert proc.returncode != 0
-    fatal = [m for m in proc.stdout.splitlines() if m.startswith(("fatal: [%s]" % name, "failed: [%s]" % name))]
-    assert fatal and needle in "\n".join(fatal), proc.stdout[-3000:]
-    assert counts[name]["changed"] == 0 and counts[name]["failed"] == 1, counts
-    assert found == ""
+    _refused_before_any_change(proc, counts[name], needle, host=name, found=found)
+    assert counts[name]["failed"] == 1, counts
 
 
 def test_a_tagged_run_checks_every_role_first(guest):
@@ -234,13 +231,16 @@ def test_a_tagged_run_checks_every_role_first(guest):
     _refused_before_any_change(proc, counts, 'chv_broker_sync_isolation \\"chroot\\"')
 
 
-def _refused_before_any_change(proc, counts, needle):
+def _refused_before_any_change(proc, counts, needle, host=None, found=None):
+    """The run failed, `host`'s failure lines (every host's by default) name the needle, its
+    recap `counts` say changed=0, and the guests have no trace (`found`: read after the run)."""
     assert proc.returncode != 0
     # a failed task, or a failed item of a looped one
-    fatal = [m for m in proc.stdout.splitlines() if m.startswith(("fatal: ", "failed: "))]
+    starts = ("fatal: [%s]" % host, "failed: [%s]" % host) if host else ("fatal: ", "failed: ")
+    fatal = [m for m in proc.stdout.splitlines() if m.startswith(starts)]
     assert fatal and needle in "\n".join(fatal), proc.stdout[-3000:]
     assert counts.get("changed") == 0, counts
-    assert traces() == ""
+    assert (traces() if found is None else found) == ""
 
 
 def test_lab_down_leaves_nothing(guest):

@@ -18,7 +18,9 @@ LOCK = "/tmp/chv-fleet-test-host-accounts.lock"
 
 @contextlib.contextmanager
 def _held(mode):
-    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    # read-only: flock needs no write access, and a walk run as another user than root (it may) opens the
+    # file root created under its umask
+    fd = os.open(LOCK, os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, mode)
         yield
